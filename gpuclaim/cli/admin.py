@@ -1,0 +1,55 @@
+"""Housekeeping: ``gc``, ``drain`` and ``undrain``."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuclaim.claims import collect_garbage, drain_node, undrain_node
+from gpuclaim.cli.common import out, print_json, state
+
+
+def gc(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print what was collected as JSON."),
+) -> None:
+    """Remove expired and abandoned claims; set damaged claim files aside."""
+    st = state(ctx)
+    report = collect_garbage(st.store, st.user)
+    if as_json:
+        print_json(
+            {
+                "expired": [c.to_dict() for c in report.expired],
+                "incomplete": [c.to_dict() for c in report.incomplete],
+                "corrupt": report.corrupt,
+            }
+        )
+        return
+    console = out()
+    for c in report.expired:
+        console.print(f"Expired: {c.node} GPU {','.join(map(str, c.indices))} of {c.user} ({c.id})")
+    for c in report.incomplete:
+        console.print(f"Abandoned half-made claim {c.id} of {c.user} on {c.node}: removed")
+    for u in report.corrupt:
+        console.print(f"Damaged claim file for GPU {u}: moved to {st.store.root / 'corrupt'}")
+    if not (report.expired or report.incomplete or report.corrupt):
+        console.print("Nothing to collect.")
+
+
+def drain(
+    ctx: typer.Context,
+    node: str = typer.Argument(..., help="The node to take out of service."),
+    reason: str = typer.Option("", "--reason", help="Why (shown in status)."),
+) -> None:
+    """Stop new claims on NODE (existing claims stay until released)."""
+    st = state(ctx)
+    drain_node(st.config, st.store, st.user, node, reason)
+    out().print(f"{node} drained: no new claims there until 'gpuclaim undrain {node}'.")
+
+
+def undrain(ctx: typer.Context, node: str = typer.Argument(..., help="The node.")) -> None:
+    """Allow new claims on NODE again."""
+    st = state(ctx)
+    if undrain_node(st.config, st.store, st.user, node):
+        out().print(f"{node} is open for claims again.")
+    else:
+        out().print(f"{node} was not drained.")

@@ -1,0 +1,120 @@
+"""``claim``, ``release`` and ``extend``: one's own hold on GPUs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from gpuclaim.claims import (
+    ClaimRequest,
+    claim_gpus,
+    extend_claims,
+    parse_gpu_spec,
+    release_claims,
+)
+from gpuclaim.cli.common import out, print_json, state
+from gpuclaim.cli.render import claim_lines
+from gpuclaim.durations import format_duration, parse_duration
+from gpuclaim.errors import UsageError
+
+
+def claim(
+    ctx: typer.Context,
+    count: Optional[int] = typer.Option(None, "-n", "--count", min=1, help="How many GPUs."),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", metavar="NODE:I,J", help="Exactly these GPUs, e.g. node01:0,2."
+    ),
+    node: Optional[str] = typer.Option(None, "--node", help="Only on this node."),
+    time: Optional[str] = typer.Option(
+        None, "--time", "-t", help="How long: 90m, 4h, 2d, 1-12:00:00 (default from config)."
+    ),
+    note: str = typer.Option("", "--note", help="What it is for, shown to everyone."),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="Claim the GPUs your own already-running processes use."
+    ),
+    short: bool = typer.Option(
+        False, "--short", help="Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
+) -> None:
+    """Claim GPUs (exit 3 if nothing fits now)."""
+    if sum(x is not None and x is not False for x in (count, gpu, adopt or None)) > 1:
+        raise UsageError("use one of -n, --gpu and --adopt")
+    st = state(ctx)
+    exact = (parse_gpu_spec(gpu),) if gpu else ()
+    if exact and node and exact[0][0] != node:
+        raise UsageError("--node and --gpu name different nodes")
+    req = ClaimRequest(
+        user=st.user,
+        count=count or 1,
+        node=node,
+        exact=exact,
+        duration_s=parse_duration(time) if time else None,
+        note=_clean_note(note),
+        adopt=adopt,
+    )
+    result = claim_gpus(st.config, st.store, req)
+    if as_json:
+        print_json(result.to_dict())
+    elif short:
+        typer.echo(",".join(map(str, result.indices)))
+    else:
+        for line in claim_lines(result):
+            out().print(line)
+
+
+def release(
+    ctx: typer.Context,
+    claim_ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[CLAIM_ID]...", show_default=False
+    ),
+    gpu: Optional[list[str]] = typer.Option(None, "--gpu", metavar="NODE:I,J", help="By GPU."),
+    release_all: bool = typer.Option(False, "--all", help="All of your claims."),
+    force: bool = typer.Option(False, "--force", help="Release another user's claim (logged)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the released claims as JSON."),
+) -> None:
+    """Release claims: your own, or another user's with --force."""
+    st = state(ctx)
+    specs = [parse_gpu_spec(g) for g in gpu or ()]
+    released = release_claims(
+        st.config, st.store, st.user, claim_ids or (), specs, release_all, force
+    )
+    if as_json:
+        print_json([c.to_dict() for c in released])
+        return
+    for c in released:
+        whose = "" if c.user == st.user else f" (held by {c.user})"
+        out().print(f"Released {c.node} GPU {','.join(map(str, c.indices))}, claim {c.id}{whose}.")
+    if not released:
+        out().print("Nothing to release: those claims were already gone.")
+
+
+def extend(
+    ctx: typer.Context,
+    claim_ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[CLAIM_ID]...", show_default=False
+    ),
+    time: str = typer.Option(..., "--time", "-t", help="How much longer: 30m, 2h, 1d."),
+    extend_all: bool = typer.Option(False, "--all", help="All of your claims."),
+    as_json: bool = typer.Option(False, "--json", help="Print the extended claims as JSON."),
+) -> None:
+    """Give your own claim more time (within the cluster's limit)."""
+    st = state(ctx)
+    extended = extend_claims(
+        st.config, st.store, st.user, claim_ids or (), parse_duration(time), extend_all
+    )
+    if as_json:
+        print_json([c.to_dict() for c in extended])
+        return
+    now = st.store.now()
+    for c in extended:
+        out().print(f"Claim {c.id} now ends in {format_duration(c.expires - now)}.")
+
+
+def _clean_note(note: str) -> str:
+    # Notes are shown in tables, Slack and JSON: one line, no control characters, bounded.
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in note).strip()
+    if len(cleaned) > 200:
+        raise UsageError("--note is limited to 200 characters")
+    return cleaned

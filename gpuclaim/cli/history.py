@@ -1,0 +1,70 @@
+"""``gpuclaim history``: GPU-hours per user, node or day."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Optional
+
+import typer
+
+from gpuclaim.cli.common import err, out, print_json, state
+from gpuclaim.cli.render import history_table
+from gpuclaim.durations import parse_duration
+from gpuclaim.errors import UsageError
+from gpuclaim.history import GROUPINGS, claim_intervals, interval_dict, summarize
+
+
+def history(
+    ctx: typer.Context,
+    since: Optional[str] = typer.Option(
+        None, "--since", help="A date (2026-11-01) or a duration back from now (7d, 24h)."
+    ),
+    user: Optional[str] = typer.Option(None, "--user", help="Only this user."),
+    by: str = typer.Option("user", "--by", help="Group by user, node or day."),
+    claims: bool = typer.Option(False, "--claims", help="List each claim instead of totals."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """GPU-hours held, from the event log (and the claims held now)."""
+    if by not in GROUPINGS:
+        raise UsageError(f"--by must be one of {', '.join(GROUPINGS)}, not {by!r}")
+    st = state(ctx)
+    store = st.store
+    snap = store.snapshot()
+    start = _since(since, snap.now)
+    events, bad = store.read_events()
+    intervals = claim_intervals(events, snap)
+    if claims:
+        chosen = [
+            interval_dict(iv)
+            for iv in intervals
+            if (user is None or iv.user == user) and (start is None or iv.end >= start)
+        ]
+        if as_json:
+            print_json(chosen)
+        else:
+            for row in chosen:
+                out().print(
+                    f"{row['start']}  {row['user']:<12} {row['node']:<10} {row['gpus']} GPU  "
+                    f"{row['gpu_hours']:>8.2f} GPU-h  {row['claim_id']}"
+                    + ("  (held now)" if row["open"] else "")
+                )
+        return
+    rows = summarize(intervals, by=by, since=start, until=snap.now, user=user)
+    if as_json:
+        print_json(rows)
+    else:
+        out().print(history_table(rows, by))
+        total = sum(r["gpu_hours"] for r in rows)
+        out().print(f"total {total:.2f} GPU-hours")
+    if bad:
+        err().print(f"warning: skipped {bad} damaged line(s) in {store.root / 'events'}")
+
+
+def _since(value: Optional[str], now: float) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        day = dt.date.fromisoformat(value)
+    except ValueError:
+        return now - parse_duration(value)
+    return dt.datetime.combine(day, dt.time(), tzinfo=dt.timezone.utc).timestamp()

@@ -1,0 +1,118 @@
+"""Rich renderings of core results; pure functions of their inputs (plus the clock for 'left')."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from rich.table import Table
+from rich.text import Text
+
+from gpuclaim.cluster import ClusterView, GpuRow
+from gpuclaim.durations import format_duration
+from gpuclaim.model import Claim
+
+STATE_STYLE = {
+    "free": "green",
+    "claimed": "yellow",
+    "busy-unclaimed": "bold red",
+    "stale": "magenta",
+    "unreachable": "dim red",
+}
+
+
+def status_table(view: ClusterView, now: float) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NODE", "GPU", "NAME", "MEMORY", "UTIL", "STATE", "HOLDER", "LEFT", "NOTE"):
+        if col == "NOTE":
+            table.add_column(col, min_width=12, overflow="fold")
+        else:
+            table.add_column(col, no_wrap=True)
+    for row in view.rows:
+        table.add_row(*_status_cells(row, now, view))
+    return table
+
+
+def _status_cells(row: GpuRow, now: float, view: ClusterView) -> list[Any]:
+    g = row.gpu
+    state = Text(row.state, style=STATE_STYLE.get(row.state, ""))
+    if row.node in view.drains and row.state == "free":
+        state = Text("free (drained)", style="dim green")
+    holder = row.claim.user if row.claim else ""
+    left = _left(row.claim, now) if row.claim else ""
+    note = ""
+    if row.claim is not None:
+        note = row.claim.note or (f"job {row.claim.job}" if row.claim.job else "")
+    if row.reason and row.state != "claimed":
+        note = row.reason if not note else f"{note} ({row.reason})"
+    if row.claim is not None and row.state == "claimed" and row.reason:
+        note = f"{note} ({row.reason})".strip()
+    return [
+        row.node,
+        "-" if row.index is None else str(row.index),
+        _short_name(g.name) if g else "",
+        _memory(g.memory_used_mib, g.memory_total_mib) if g else "",
+        "" if g is None or g.utilization_pct is None else f"{g.utilization_pct}%",
+        state,
+        holder,
+        left,
+        Text(note),
+    ]
+
+
+def status_summary(view: ClusterView) -> str:
+    counts: dict[str, int] = {}
+    for row in view.rows:
+        if row.index is not None:
+            counts[row.state] = counts.get(row.state, 0) + 1
+    total = sum(counts.values())
+    parts = [f"{counts.get('free', 0)}/{total} GPUs free"]
+    for state in ("claimed", "busy-unclaimed", "stale", "unreachable"):
+        if counts.get(state):
+            parts.append(f"{counts[state]} {state}")
+    return " · ".join(parts)
+
+
+def claim_lines(claim: Claim) -> list[str]:
+    gpus = ",".join(map(str, claim.indices))
+    until = _clock(claim.expires)
+    return [
+        f"Claimed {claim.node} GPU{'s' if len(claim.gpus) > 1 else ''} {gpus} for "
+        f"{format_duration(round((claim.expires - claim.since) / 60) * 60)} (until {until}), "
+        f"claim {claim.id}.",
+        f"  export CUDA_VISIBLE_DEVICES={gpus}",
+    ]
+
+
+def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column(by.upper())
+    table.add_column("GPU-HOURS", justify="right")
+    table.add_column("CLAIMS", justify="right")
+    for row in rows:
+        table.add_row(str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]))
+    return table
+
+
+def _left(claim: Optional[Claim], now: float) -> str:
+    if claim is None:
+        return ""
+    return format_duration(claim.expires - now)
+
+
+def _clock(ts: float) -> str:
+    when = dt.datetime.fromtimestamp(ts).astimezone()
+    today = dt.datetime.now().astimezone().date()
+    fmt = "%H:%M" if when.date() == today else "%a %d %b %H:%M"
+    return when.strftime(fmt) + " " + (when.tzname() or "")
+
+
+def _memory(used: Optional[int], total: Optional[int]) -> str:
+    if total is None:
+        return "n/a" if used is None else f"{used / 1024:.1f} GiB"
+    return f"{(used or 0) / 1024:.1f}/{total / 1024:.0f} GiB"
+
+
+def _short_name(name: str) -> str:
+    return name.replace("NVIDIA ", "").replace("GeForce ", "")

@@ -1,0 +1,122 @@
+"""``gpuclaim init`` (write a config) and ``gpuclaim demo`` (a sandbox with simulated GPUs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gpuclaim import paths
+from gpuclaim.cli.common import err, out, state
+from gpuclaim.configfile import render_config
+from gpuclaim.durations import parse_duration
+from gpuclaim.errors import GpuclaimError, UsageError
+from gpuclaim.sandbox import create_sandbox
+
+
+def init(
+    ctx: typer.Context,
+    nodes: Optional[str] = typer.Option(
+        None, "--nodes", help="Comma-separated SSH host aliases (localhost = this machine)."
+    ),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="Shared directory for claims, or ssh://HOST/PATH."
+    ),
+    cluster: str = typer.Option("gpuclaim", "--cluster", help="A name for this cluster."),
+    user: Optional[str] = typer.Option(None, "--user", help="Your name, if not your login."),
+    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="An ssh_config file."),
+    default_time: Optional[str] = typer.Option(None, "--time", help="Default claim length."),
+    max_time: Optional[str] = typer.Option(None, "--max-time", help="Longest claim allowed."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", min=0, help="GPUs per user."),
+    slack_webhook: Optional[str] = typer.Option(None, "--slack-webhook", help="Webhook URL."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing config."),
+) -> None:
+    """Write a config file (asks for what is missing when run in a terminal)."""
+    target = state(ctx).config_path or paths.config_path()
+    if target.exists() and not force:
+        raise GpuclaimError(f"{target} exists", hint="use --force to overwrite it")
+    interactive = sys.stdin.isatty()
+    if nodes is None:
+        nodes = (
+            typer.prompt("Nodes (comma-separated SSH aliases)", default="localhost")
+            if interactive
+            else "localhost"
+        )
+    if storage is None:
+        default_storage = str(paths.data_dir() / "store")
+        storage = (
+            typer.prompt("Shared storage directory", default=default_storage)
+            if interactive
+            else default_storage
+        )
+    node_list = [n.strip() for n in nodes.split(",") if n.strip()]
+    if not node_list:
+        raise UsageError("--nodes needs at least one host")
+    defaults: dict[str, object] = {}
+    for key, value in (("time", default_time), ("max_time", max_time)):
+        if value is not None:
+            parse_duration(value)
+            defaults[key] = value
+    if max_gpus is not None:
+        defaults["max_gpus_per_user"] = max_gpus
+    text = render_config(
+        cluster=cluster,
+        nodes=node_list,
+        storage=storage,
+        user=user,
+        ssh_config=ssh_config,
+        defaults=defaults,
+        slack_webhook=slack_webhook,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The file may hold the Slack webhook (a secret): readable by its owner only.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    out().print(f"Wrote {target}. Next: 'gpuclaim status'.")
+
+
+def demo(
+    ctx: typer.Context,
+    directory: Optional[Path] = typer.Option(
+        None, "--dir", help="Where to put the sandbox (default: in gpuclaim's data dir)."
+    ),
+    reset: bool = typer.Option(False, "--reset", help="Start the sandbox over."),
+    tour: bool = typer.Option(True, "--tour/--no-tour", help="Run a short guided tour."),
+) -> None:
+    """A sandbox with simulated GPUs on this machine: try everything without a cluster."""
+    where = directory or paths.data_dir() / "demo"
+    config_path = create_sandbox(where, reset=reset)
+    console = out()
+    console.print(f"Demo sandbox: {config_path}")
+    if tour:
+        env = dict(os.environ, GPUCLAIM_CONFIG=str(config_path), GPUCLAIM_USER="you")
+        steps = [
+            ["status"],
+            ["claim", "-n", "2", "--time", "2h", "--note", "demo: fine-tune"],
+            ["status"],
+            ["release", "--all"],
+            ["history"],
+        ]
+        for argv in steps:
+            console.print(f"\n[bold]$ gpuclaim {' '.join(_quote(a) for a in argv)}[/bold]")
+            sys.stdout.flush()
+            proc = subprocess.run([sys.executable, "-m", "gpuclaim", *argv], env=env)
+            if proc.returncode not in (0, 4):
+                err().print(f"demo step failed with exit code {proc.returncode}")
+                raise typer.Exit(proc.returncode)
+    console.print(
+        "\nTry it yourself:\n"
+        f"  export GPUCLAIM_CONFIG={config_path}\n"
+        "  gpuclaim status\n"
+        "  gpuclaim claim -n 1 --time 30m --note 'my experiment'\n"
+        "  gpuclaim release --all"
+    )
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if " " in arg else arg

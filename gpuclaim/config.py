@@ -1,0 +1,299 @@
+"""The TOML config: cluster, nodes, storage, limits, identity, Slack. Validated here, once."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuclaim import paths
+from gpuclaim.durations import parse_duration
+from gpuclaim.errors import ConfigError, GpuclaimError
+from gpuclaim.identity import validate_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on the nodes' older Pythons
+    import tomli as tomllib
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+DEFAULT_IGNORED_PROCESSES = (
+    "Xorg",
+    "X",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "kwin_x11",
+    "sddm-greeter",
+    "gdm-x-session",
+)
+_TOP_KEYS = {"cluster", "nodes", "storage", "ssh_config", "user", "defaults", "node", "slack"}
+_DEFAULT_KEYS = {
+    "time",
+    "max_time",
+    "max_gpus_per_user",
+    "busy_memory_mib",
+    "ignore_processes",
+    "probe_timeout",
+}
+_NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
+_SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node: how to reach it (``local`` or ``ssh``) and how to ask it about its GPUs."""
+
+    name: str
+    host: str
+    transport: str = "ssh"  # "local" runs on this machine without SSH
+    nvidia_smi: tuple[str, ...] = ()  # argv to use instead of NVML / plain nvidia-smi
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    default_time_s: float = 4 * 3600
+    max_time_s: float = 7 * 86400
+    max_gpus_per_user: int = 0  # 0 = no limit
+    busy_memory_mib: int = 256  # a GPU with less foreign memory than this still counts as free
+    ignore_processes: tuple[str, ...] = DEFAULT_IGNORED_PROCESSES
+    probe_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    webhook_url: str = ""
+    events: tuple[str, ...] = ()
+    mentions: tuple[tuple[str, str], ...] = ()
+    opt_out: tuple[str, ...] = ()
+    timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Optional[Path]  # None: no config file, this machine is the single node
+    cluster: str
+    nodes: tuple[NodeConfig, ...]
+    storage: str
+    ssh_config: Optional[str] = None
+    user: Optional[str] = None
+    limits: Limits = field(default_factory=Limits)
+    slack: SlackConfig = field(default_factory=SlackConfig)
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        known = ", ".join(n.name for n in self.nodes)
+        raise GpuclaimError(f"unknown node {name!r} (this cluster has: {known})")
+
+    @property
+    def storage_path(self) -> Path:
+        return Path(self.storage).expanduser()
+
+
+def load_config(path: Optional[Path] = None) -> Config:
+    """The config at ``path`` (default: ``$GPUCLAIM_CONFIG`` or the user's), or local mode."""
+    explicit = path is not None or bool(os.environ.get("GPUCLAIM_CONFIG"))
+    cfg_path = path or paths.config_path()
+    if not cfg_path.exists():
+        if explicit:
+            raise ConfigError(
+                f"config file {cfg_path} does not exist", hint="run 'gpuclaim init' to write one"
+            )
+        return local_config()
+    try:
+        raw = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {cfg_path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {cfg_path}: not UTF-8 text ({exc.reason})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {cfg_path}: invalid TOML: {exc}") from exc
+    try:
+        return parse_config(raw, cfg_path)
+    except ConfigError as exc:
+        raise ConfigError(f"config {cfg_path}: {exc.message}", hint=exc.hint) from exc
+
+
+def local_config() -> Config:
+    """No config file: this machine is the only node; the store lives in the user's data dir."""
+    return Config(
+        path=None,
+        cluster="local",
+        nodes=(NodeConfig(name="localhost", host="localhost", transport="local"),),
+        storage=str(paths.data_dir() / "store"),
+    )
+
+
+def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
+    """Validate a parsed TOML document; every problem is a ConfigError naming the key."""
+    _no_unknown(raw, _TOP_KEYS, "")
+    nodes_raw = raw.get("nodes", ["localhost"])
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise ConfigError("'nodes' must be a non-empty list of host names, e.g. [\"node01\"]")
+    node_tables = _table(raw, "node")
+    names: list[str] = []
+    for item in nodes_raw:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"'nodes' entries must be host names (strings), got {item!r}")
+        name = item.strip()
+        if name not in LOCAL_NAMES:
+            _check_node_name(name)
+        if name in names:
+            raise ConfigError(f"node {name!r} is listed twice in 'nodes'")
+        names.append(name)
+    for extra in node_tables:
+        if extra not in names:
+            raise ConfigError(f"[node.{extra}] describes a node that is not in 'nodes'")
+    nodes = tuple(_node(name, _table(node_tables, name, f"node.{name}")) for name in names)
+
+    storage = raw.get("storage")
+    if storage is None:
+        storage = str(paths.data_dir() / "store")
+    if not isinstance(storage, str) or not storage.strip():
+        raise ConfigError("'storage' must be a path or ssh://HOST/PATH")
+
+    cluster = _str(raw, "cluster", "gpuclaim")
+    user = raw.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise ConfigError("'user' must be a string")
+        try:
+            validate_name(user, "user name")
+        except GpuclaimError as exc:
+            raise ConfigError(f"'user': {exc.message}") from exc
+    ssh_config = raw.get("ssh_config")
+    if ssh_config is not None and not isinstance(ssh_config, str):
+        raise ConfigError("'ssh_config' must be a path")
+    return Config(
+        path=path,
+        cluster=cluster,
+        nodes=nodes,
+        storage=storage.strip(),
+        ssh_config=ssh_config,
+        user=user,
+        limits=_limits(_table(raw, "defaults")),
+        slack=_slack(_table(raw, "slack")),
+    )
+
+
+def _node(name: str, table: dict[str, Any]) -> NodeConfig:
+    _no_unknown(table, _NODE_KEYS, f"node.{name}")
+    host = _str(table, "host", name, f"node.{name}.")
+    default_transport = "local" if host in LOCAL_NAMES else "ssh"
+    transport = _str(table, "transport", default_transport, f"node.{name}.")
+    if transport not in ("local", "ssh"):
+        raise ConfigError(f'\'node.{name}.transport\' must be "local" or "ssh", not {transport!r}')
+    smi = table.get("nvidia_smi", ())
+    if isinstance(smi, str):
+        smi = shlex.split(smi)
+    if not isinstance(smi, (list, tuple)) or not all(isinstance(a, str) for a in smi):
+        raise ConfigError(f"'node.{name}.nvidia_smi' must be a command (string or list)")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"'node.{name}.env' must be a table of strings")
+    return NodeConfig(
+        name=name,
+        host=host,
+        transport=transport,
+        nvidia_smi=tuple(smi),
+        env=tuple(sorted(env.items())),
+    )
+
+
+def _limits(table: dict[str, Any]) -> Limits:
+    _no_unknown(table, _DEFAULT_KEYS, "defaults")
+    base = Limits()
+    default_time = _duration(table, "time", base.default_time_s)
+    max_time = _duration(table, "max_time", base.max_time_s)
+    if "time" not in table:
+        default_time = min(default_time, max_time)
+    if default_time > max_time:
+        raise ConfigError("'defaults.time' is longer than 'defaults.max_time'")
+    ignore = table.get("ignore_processes", list(base.ignore_processes))
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise ConfigError("'defaults.ignore_processes' must be a list of process names")
+    return Limits(
+        default_time_s=default_time,
+        max_time_s=max_time,
+        max_gpus_per_user=_int(table, "max_gpus_per_user", base.max_gpus_per_user),
+        busy_memory_mib=_int(table, "busy_memory_mib", base.busy_memory_mib),
+        ignore_processes=tuple(ignore),
+        probe_timeout_s=_duration(table, "probe_timeout", base.probe_timeout_s),
+    )
+
+
+def _slack(table: dict[str, Any]) -> SlackConfig:
+    _no_unknown(table, _SLACK_KEYS, "slack")
+    url = _str(table, "webhook_url", "", "slack.")
+    if url and not url.startswith(("https://", "http://")):
+        raise ConfigError("'slack.webhook_url' must be an http(s) URL")
+    mentions = table.get("mentions", {})
+    if not isinstance(mentions, dict):
+        raise ConfigError("'slack.mentions' must be a table of user = \"MEMBER_ID\"")
+    events = table.get("events", [])
+    opt_out = table.get("opt_out", [])
+    for key, value in (("events", events), ("opt_out", opt_out)):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"'slack.{key}' must be a list of strings")
+    return SlackConfig(
+        webhook_url=url,
+        events=tuple(events),
+        mentions=tuple(sorted((str(k), str(v)) for k, v in mentions.items())),
+        opt_out=tuple(opt_out),
+        timeout_s=_duration(table, "timeout", 3.0),
+    )
+
+
+def _check_node_name(name: str) -> None:
+    # Host aliases end up in file names and tmux sessions: no spaces, slashes or shell syntax.
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@")
+    if not set(name) <= allowed or name.startswith(("-", ".")):
+        raise ConfigError(f"node name {name!r} is not a valid host alias")
+
+
+def _table(raw: dict[str, Any], key: str, label: Optional[str] = None) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{label or key}' must be a table ([{label or key}])")
+    return value
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    for key in table:
+        if key not in known:
+            place = f"[{where}]" if where else "the top level"
+            raise ConfigError(
+                f"unknown key {key!r} in {place}", hint=f"known keys: {', '.join(sorted(known))}"
+            )
+
+
+def _str(table: dict[str, Any], key: str, default: str, prefix: str = "") -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"'{prefix}{key}' must be a string, not {type(value).__name__}")
+    return value
+
+
+def _int(table: dict[str, Any], key: str, default: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"'defaults.{key}' must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def _duration(table: dict[str, Any], key: str, default: float) -> float:
+    value = table.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"'{key}' must be a duration like \"4h\"")
+    try:
+        return parse_duration(str(value)) if isinstance(value, str) else float(value) * 60
+    except GpuclaimError as exc:
+        raise ConfigError(f"'{key}': {exc.message}") from exc

@@ -1,0 +1,37 @@
+"""Where gpuclaim keeps things; ``GPUCLAIM_HOME`` moves all of it (tests point it at tmp_path)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home_override() -> Path | None:
+    value = os.environ.get("GPUCLAIM_HOME")
+    return Path(value).expanduser() if value else None
+
+
+def config_path() -> Path:
+    """``$GPUCLAIM_CONFIG``, else ``$GPUCLAIM_HOME/config.toml``, else the XDG config dir."""
+    explicit = os.environ.get("GPUCLAIM_CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = home_override()
+    if home is not None:
+        return home / "config.toml"
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path("~/.config").expanduser())
+    return Path(base) / "gpuclaim" / "config.toml"
+
+
+def data_dir() -> Path:
+    """Per-user data: the default local store, the demo sandbox, caches, host-local locks."""
+    home = home_override()
+    if home is not None:
+        return home
+    base = os.environ.get("XDG_DATA_HOME") or str(Path("~/.local/share").expanduser())
+    return Path(base) / "gpuclaim"
+
+
+def host_lock_dir() -> Path:
+    """Host-local lock files (never on shared storage: flock does not exclude across NFS)."""
+    return data_dir() / "locks"

@@ -1,0 +1,1 @@
+"""Probing GPUs on a node: NVML, nvidia-smi output parsers."""

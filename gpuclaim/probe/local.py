@@ -1,0 +1,124 @@
+"""Probe the GPUs of the machine this code runs on: NVML first, else ``nvidia-smi``.
+
+This is node-side code (the agent runs it on each node), so it needs only the standard
+library and Python 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from gpuclaim.errors import ProbeError
+from gpuclaim.model import NodeInventory
+from gpuclaim.probe.smi_parse import (
+    APP_QUERY_FIELDS,
+    GPU_QUERY_FIELDS,
+    attach_processes,
+    looks_like_no_driver,
+    parse_compute_apps,
+    parse_driver_version,
+    parse_query_gpu,
+)
+
+NO_DRIVER = "no NVIDIA driver: NVML does not load and nvidia-smi is not installed"
+
+
+def probe_local(
+    node: str,
+    nvidia_smi: Sequence[str] = (),
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+) -> NodeInventory:
+    """This machine's GPUs as ``node``; never raises: failures become ``NodeInventory.error``."""
+    if not nvidia_smi:
+        try:
+            from gpuclaim.probe.nvml import probe_nvml
+
+            return probe_nvml(node)
+        except ProbeError as exc:
+            nvml_error = str(exc)
+        smi_path = shutil.which("nvidia-smi")
+        if smi_path is None:
+            return NodeInventory(node=node, source="none", error=f"{NO_DRIVER} ({nvml_error})")
+        nvidia_smi = (smi_path,)
+    try:
+        return probe_nvidia_smi(node, nvidia_smi, env, timeout)
+    except ProbeError as exc:
+        return NodeInventory(node=node, source="nvidia-smi", error=str(exc))
+
+
+def probe_nvidia_smi(
+    node: str,
+    smi: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+) -> NodeInventory:
+    """Two queries (GPUs, compute apps) with a timeout each: nvidia-smi can hang."""
+    gpu_text = _run_smi(
+        smi,
+        [f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
+        env,
+        timeout,
+    )
+    app_text = _run_smi(
+        smi,
+        [f"--query-compute-apps={','.join(APP_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
+        env,
+        timeout,
+    )
+    try:
+        gpus = parse_query_gpu(gpu_text, node, GPU_QUERY_FIELDS)
+        procs = parse_compute_apps(app_text, APP_QUERY_FIELDS)
+    except ValueError as exc:
+        raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
+    driver = parse_driver_version(gpu_text, GPU_QUERY_FIELDS)
+    procs = [replace(p, user=process_user(p.pid)) for p in procs]
+    gpus = attach_processes(gpus, procs)
+    return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
+
+
+def _run_smi(
+    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]], timeout: float
+) -> str:
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        proc = subprocess.run(
+            [*smi, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
+    except OSError as exc:
+        raise ProbeError(f"cannot run {smi[0]}: {exc.strerror}") from exc
+    if proc.returncode != 0:
+        message = (proc.stdout + proc.stderr).strip().splitlines()
+        first = message[0] if message else f"exit status {proc.returncode}"
+        if looks_like_no_driver(proc.stdout + proc.stderr):
+            raise ProbeError(f"nvidia-smi cannot reach the NVIDIA driver: {first}")
+        raise ProbeError(f"nvidia-smi failed: {first}")
+    return proc.stdout
+
+
+def process_user(pid: int) -> Optional[str]:
+    """The login name owning ``pid`` on this machine, or None if it is gone or hidden."""
+    try:
+        uid = Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"

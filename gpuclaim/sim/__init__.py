@@ -1,0 +1,1 @@
+"""Simulated GPUs for tests and the demo sandbox (standard library only)."""

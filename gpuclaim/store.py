@@ -1,0 +1,518 @@
+"""The claim store: one directory on shared storage, correct across hosts on NFS.
+
+Layout::
+
+    <root>/gpus/<uuid>.claim   present = GPU held; holds the whole claim as JSON
+    <root>/locks/<uuid>.lock   short-lived lock taken by whoever *removes or rewrites* a claim file
+    <root>/events/<host>.jsonl append-only event log, one writer host per file
+    <root>/drain/<node>        node drained (no new claims), JSON with who and why
+    <root>/tmp/ trash/ corrupt/
+
+The contract (README, "How claims stay correct"):
+
+* Taking a GPU is ``link(tmpfile, gpus/<uuid>.claim)``: an exclusive create that is atomic on
+  the file server (also NFSv2/3, where ``O_EXCL`` once was not) and that publishes a complete
+  file, so a reader never sees half a claim. GPUs are taken in UUID order; on the first conflict
+  the ones already taken are given back, so a multi-GPU claim is all or nothing.
+* Removing or rewriting a claim file (release, extend, expiry) happens only under that GPU's
+  lock file, after re-reading it: so nobody removes a claim that replaced the one they looked at.
+* A claimer killed half-way leaves an *incomplete* claim: it is shown as held while its process
+  may still be running, and as ``stale`` (reclaimable) once that process is dead or the claim is
+  older than ``INCOMPLETE_GRACE_S``.
+* Times that decide expiry come from the storage's clock (the mtime the file server stamps).
+* Files are group-shared (0664, directories 2775): a lab's tool broke on ``-rw-------`` locks.
+
+``filelock`` guards only what is host-local: appends to this host's event log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import random
+import time
+import uuid as uuidlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuclaim.errors import ConflictError, StoreError
+from gpuclaim.identity import this_host
+from gpuclaim.model import Claim, Event
+
+FILE_MODE = 0o664
+DIR_MODE = 0o2775
+LAYOUT_VERSION = 1
+INCOMPLETE_GRACE_S = 60.0  # an incomplete claim older than this is abandoned
+LOCK_BREAK_S = 30.0  # a removal lock older than this is broken (its holder died)
+LOCK_WAIT_S = 10.0
+_SUBDIRS = ("gpus", "locks", "events", "drain", "tmp", "trash", "corrupt", "queue")
+
+
+@dataclass(frozen=True)
+class ClaimFile:
+    """One ``gpus/<uuid>.claim`` as read back: a claim, or why it could not be parsed."""
+
+    uuid: str
+    path: Path
+    mtime: float
+    inode: int
+    claim: Optional[Claim] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ClaimStatus:
+    """How the store judges one claim right now."""
+
+    claim: Claim
+    state: str  # "claimed" or "stale"
+    reason: str = ""  # "expired", "incomplete", "in progress"
+    present: tuple[str, ...] = ()  # uuids whose files hold this claim
+
+
+@dataclass
+class Snapshot:
+    """Everything in the store at one moment, judged against the storage clock ``now``."""
+
+    now: float
+    files: dict[str, ClaimFile] = field(default_factory=dict)  # by GPU uuid
+    claims: dict[str, ClaimStatus] = field(default_factory=dict)  # by claim id
+    drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # by node
+
+    def claim_for(self, gpu_uuid: str) -> Optional[ClaimStatus]:
+        f = self.files.get(gpu_uuid)
+        if f is None or f.claim is None:
+            return None
+        return self.claims.get(f.claim.id)
+
+    def corrupt(self) -> list[ClaimFile]:
+        return [f for f in self.files.values() if f.claim is None]
+
+
+class ClaimStore:
+    """Claim files, locks, drains and the event log under one directory."""
+
+    def __init__(self, root: Path, host_lock_dir: Optional[Path] = None) -> None:
+        self.root = Path(root)
+        self.host_lock_dir = host_lock_dir
+        self._clock_offset: Optional[float] = None
+        self.host = this_host()
+
+    # -- layout -------------------------------------------------------------------------------
+    def ensure(self) -> None:
+        """Create the layout (group-shared) if missing; a clear error if we cannot."""
+        try:
+            _mkdir_shared(self.root)
+            for sub in _SUBDIRS:
+                _mkdir_shared(self.root / sub)
+            version = self.root / "VERSION"
+            if not version.exists():
+                self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
+        except OSError as exc:
+            raise StoreError(
+                f"cannot use storage {self.root}: {exc.strerror or exc}",
+                hint="check that the path exists and your group may write to it",
+            ) from exc
+
+    def _p(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    # -- clock --------------------------------------------------------------------------------
+    def now(self) -> float:
+        """The storage's clock: the file server stamps a new file's mtime with its own time."""
+        if self._clock_offset is None:
+            probe = self._p("tmp", f"clock-{self.host}-{os.getpid()}-{_nonce()}")
+            before = time.time()
+            try:
+                fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+                try:
+                    server = os.fstat(fd).st_mtime
+                finally:
+                    os.close(fd)
+                    _unlink_quiet(probe)
+            except OSError as exc:
+                raise StoreError(f"cannot write to storage {self.root}: {exc.strerror}") from exc
+            after = time.time()
+            offset = server - (before + after) / 2
+            # On a local filesystem the offset is timestamp granularity noise: ignore it.
+            self._clock_offset = offset if abs(offset) > 1.0 else 0.0
+        return time.time() + self._clock_offset
+
+    # -- reading ------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """Read every claim file and drain mark; never raises for a damaged file."""
+        now = self.now()
+        snap = Snapshot(now=now)
+        gpus_dir = self._p("gpus")
+        try:
+            names = os.listdir(gpus_dir)
+        except OSError as exc:
+            raise StoreError(f"cannot read storage {gpus_dir}: {exc.strerror}") from exc
+        for name in names:
+            if not name.endswith(".claim"):
+                continue
+            cf = self._read_claim_file(gpus_dir / name)
+            if cf is not None:
+                snap.files[cf.uuid] = cf
+        snap.claims = self._judge(snap.files, now)
+        snap.drains = self.drains()
+        return snap
+
+    def _read_claim_file(self, path: Path) -> Optional[ClaimFile]:
+        gpu_uuid = path.name[: -len(".claim")]
+        try:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                raw = fh.read(1 << 20)
+        except FileNotFoundError:
+            return None  # released while we listed
+        except OSError as exc:
+            return ClaimFile(gpu_uuid, path, 0.0, 0, error=f"unreadable: {exc.strerror}")
+        try:
+            claim = Claim.from_dict(json.loads(raw.decode("utf-8")))
+            if gpu_uuid not in claim.uuids:
+                raise ValueError("file does not belong to the claim it holds")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            return ClaimFile(gpu_uuid, path, st.st_mtime, st.st_ino, error=f"corrupt: {exc}")
+        return ClaimFile(gpu_uuid, path, st.st_mtime, st.st_ino, claim=claim)
+
+    def _judge(self, files: dict[str, ClaimFile], now: float) -> dict[str, ClaimStatus]:
+        by_id: dict[str, list[ClaimFile]] = {}
+        for f in files.values():
+            if f.claim is not None:
+                by_id.setdefault(f.claim.id, []).append(f)
+        result: dict[str, ClaimStatus] = {}
+        for claim_id, parts in by_id.items():
+            claim = parts[0].claim
+            assert claim is not None
+            present = tuple(sorted(p.uuid for p in parts))
+            if len(present) < len(claim.gpus):
+                if self._claimer_alive(claim) and now - claim.since < INCOMPLETE_GRACE_S:
+                    result[claim_id] = ClaimStatus(claim, "claimed", "in progress", present)
+                else:
+                    result[claim_id] = ClaimStatus(claim, "stale", "incomplete", present)
+            elif now >= claim.expires:
+                result[claim_id] = ClaimStatus(claim, "stale", "expired", present)
+            else:
+                result[claim_id] = ClaimStatus(claim, "claimed", "", present)
+        return result
+
+    def _claimer_alive(self, claim: Claim) -> bool:
+        """On the claimer's own host we can tell; elsewhere assume alive until the grace ends."""
+        if claim.host != self.host or claim.pid <= 0:
+            return True
+        return _pid_alive(claim.pid)
+
+    # -- taking -------------------------------------------------------------------------------
+    def acquire(self, claim: Claim) -> None:
+        """Publish ``claim`` on all its GPUs or on none; ConflictError names the holder."""
+        payload = _encode(claim.to_dict())
+        tmp = self._stage(payload)
+        taken: list[str] = []
+        try:
+            for gpu_uuid in sorted(claim.uuids):
+                target = self._p("gpus", f"{gpu_uuid}.claim")
+                if not _link_exclusive(tmp, target):
+                    holder = self._read_claim_file(target)
+                    self._give_back(claim.id, taken)
+                    taken = []
+                    raise ConflictError(_held_message(gpu_uuid, holder))
+                taken.append(gpu_uuid)
+        except OSError as exc:
+            self._give_back(claim.id, taken)
+            raise StoreError(f"cannot write claim to {self.root}: {exc.strerror}") from exc
+        finally:
+            _unlink_quiet(tmp)
+
+    def _give_back(self, claim_id: str, uuids: Iterable[str]) -> None:
+        for gpu_uuid in uuids:
+            self.remove_gpu(gpu_uuid, claim_id)
+
+    # -- removing and rewriting ---------------------------------------------------------------
+    def remove_gpu(self, gpu_uuid: str, claim_id: Optional[str], *, inode: int = 0) -> bool:
+        """Remove ``gpus/<uuid>.claim`` if it still holds ``claim_id`` (or, for a corrupt file,
+        is still the same inode). True if this call removed it."""
+        target = self._p("gpus", f"{gpu_uuid}.claim")
+        with self.gpu_lock(gpu_uuid):
+            current = self._read_claim_file(target)
+            if current is None:
+                return False
+            if claim_id is not None:
+                if current.claim is None or current.claim.id != claim_id:
+                    return False
+            elif current.claim is not None or (inode and current.inode != inode):
+                return False
+            _unlink_quiet(target)
+            return True
+
+    def quarantine_corrupt(self, cf: ClaimFile) -> bool:
+        """Move a damaged claim file aside (kept for a person to look at, never deleted)."""
+        with self.gpu_lock(cf.uuid):
+            current = self._read_claim_file(cf.path)
+            if current is None or current.claim is not None or current.inode != cf.inode:
+                return False
+            dest = self._p("corrupt", f"{cf.uuid}.{int(self.now())}.{_nonce()}.claim")
+            try:
+                os.rename(cf.path, dest)
+            except FileNotFoundError:
+                return False
+            return True
+
+    def rewrite(self, old: Claim, new: Claim) -> None:
+        """Replace a whole claim's files (extend): each under its lock, only if still ``old``."""
+        payload = _encode(new.to_dict())
+        for gpu_uuid in sorted(old.uuids):
+            target = self._p("gpus", f"{gpu_uuid}.claim")
+            with self.gpu_lock(gpu_uuid):
+                current = self._read_claim_file(target)
+                if current is None or current.claim is None or current.claim.id != old.id:
+                    raise ConflictError(f"claim {old.id} changed while extending it; try again")
+                tmp = self._stage(payload)
+                try:
+                    os.rename(tmp, target)
+                except OSError as exc:
+                    _unlink_quiet(tmp)
+                    raise StoreError(f"cannot rewrite {target}: {exc.strerror}") from exc
+
+    @contextlib.contextmanager
+    def gpu_lock(self, gpu_uuid: str) -> Iterator[None]:
+        """Exclusive lock for removing or rewriting one GPU's claim file, safe across NFS."""
+        lock = self._p("locks", f"{gpu_uuid}.lock")
+        body = _encode({"host": self.host, "pid": os.getpid(), "ts": time.time()})
+        tmp = self._stage(body)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        try:
+            delay = 0.002
+            while not _link_exclusive(tmp, lock):
+                if self._lock_abandoned(lock):
+                    _break_lock(lock)
+                    continue
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"lock {lock} is held for more than {LOCK_WAIT_S:.0f}s",
+                        hint="if no gpuclaim is running, run 'gpuclaim gc'",
+                    )
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.05)
+        finally:
+            _unlink_quiet(tmp)
+        try:
+            yield
+        finally:
+            _unlink_quiet(lock)
+
+    def _lock_abandoned(self, lock: Path) -> bool:
+        try:
+            with open(lock, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                info = json.loads(fh.read(4096).decode("utf-8") or "{}")
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            info = {}
+            try:
+                st = os.stat(lock)
+            except OSError:
+                return False
+        pid = info.get("pid")
+        if info.get("host") == self.host and isinstance(pid, int) and not _pid_alive(pid):
+            return True
+        return self.now() - st.st_mtime > LOCK_BREAK_S
+
+    # -- drains -------------------------------------------------------------------------------
+    def drains(self) -> dict[str, dict[str, Any]]:
+        result: dict[str, dict[str, Any]] = {}
+        try:
+            names = os.listdir(self._p("drain"))
+        except FileNotFoundError:
+            return result
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                result[name] = json.loads(self._p("drain", name).read_text("utf-8"))
+            except (OSError, ValueError):
+                result[name] = {"user": "?", "reason": "(unreadable drain mark)"}
+        return result
+
+    def set_drain(self, node: str, info: dict[str, Any]) -> None:
+        tmp = self._stage(_encode(info))
+        os.rename(tmp, self._p("drain", node))
+
+    def clear_drain(self, node: str) -> bool:
+        try:
+            os.unlink(self._p("drain", node))
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- event log ----------------------------------------------------------------------------
+    def append_event(self, event: Event) -> None:
+        """Append one JSON line to this host's log; only this host writes that file."""
+        line = (json.dumps(event.to_dict(), sort_keys=True, ensure_ascii=True) + "\n").encode()
+        path = self._p("events", f"{self.host}.jsonl")
+        with self._host_lock(f"events-{self.host}"):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+            except OSError as exc:
+                raise StoreError(f"cannot write event log {path}: {exc.strerror}") from exc
+            try:
+                _fix_mode(fd)
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+    def read_events(self) -> tuple[list[Event], int]:
+        """All events of all hosts in time order, and the number of lines that did not parse."""
+        events: list[Event] = []
+        bad = 0
+        try:
+            names = sorted(os.listdir(self._p("events")))
+        except FileNotFoundError:
+            return events, 0
+        for name in names:
+            if not name.endswith(".jsonl"):
+                continue
+            try:
+                data = self._p("events", name).read_bytes()
+            except OSError:
+                bad += 1
+                continue
+            for raw in data.splitlines():
+                if not raw.strip():
+                    continue
+                try:
+                    events.append(Event.from_dict(json.loads(raw.decode("utf-8"))))
+                except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                    bad += 1  # a torn last line after a crash, or garbage: skip, count
+        events.sort(key=lambda e: e.ts)
+        return events, bad
+
+    @contextlib.contextmanager
+    def _host_lock(self, name: str) -> Iterator[None]:
+        lock_dir = self.host_lock_dir or self._p("locks")
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        path = lock_dir / f"{name}.flock"
+        try:
+            from filelock import FileLock  # not on every node's python: fall back to fcntl
+        except ImportError:
+            import fcntl
+
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+            return
+        with FileLock(str(path), timeout=30, mode=FILE_MODE):
+            yield
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _stage(self, payload: bytes) -> Path:
+        """A complete, fsynced file in tmp/, ready to be linked or renamed into place."""
+        tmp = self._p("tmp", f"{self.host}.{os.getpid()}.{_nonce()}")
+        try:
+            self._write_new(tmp, payload)
+        except OSError as exc:
+            _unlink_quiet(tmp)
+            raise StoreError(f"cannot write to storage {self.root}: {exc.strerror}") from exc
+        return tmp
+
+    @staticmethod
+    def _write_new(path: Path, payload: bytes) -> None:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+        try:
+            _fix_mode(fd)
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def new_claim_id() -> str:
+    return "c-" + uuidlib.uuid4().hex[:10]
+
+
+def _held_message(gpu_uuid: str, holder: Optional[ClaimFile]) -> str:
+    if holder is not None and holder.claim is not None:
+        c = holder.claim
+        index = next((g.index for g in c.gpus if g.uuid == gpu_uuid), "?")
+        return f"{c.node} GPU {index} is held by {c.user} (claim {c.id})"
+    return f"GPU {gpu_uuid} was just taken by someone else"
+
+
+def _link_exclusive(src: Path, dst: Path) -> bool:
+    """link(2) src to dst; False if dst exists. On NFS a lost reply can make a successful link
+    report EEXIST, so whether dst is now our inode decides (the classic NFS-safe lock test)."""
+    try:
+        os.link(src, dst)
+        return True
+    except FileExistsError:
+        try:
+            return os.path.samefile(src, dst)
+        except OSError:
+            return False
+
+
+def _break_lock(lock: Path) -> None:
+    aside = lock.with_name(f"{lock.name}.broken.{_nonce()}")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:
+        return
+    _unlink_quiet(aside)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes (its parent has not reaped it yet).
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _encode(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, sort_keys=True, ensure_ascii=True, indent=1) + "\n").encode()
+
+
+def _nonce() -> str:
+    return uuidlib.uuid4().hex[:12]
+
+
+def _mkdir_shared(path: Path) -> None:
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(path, DIR_MODE)  # mkdir's mode is cut by the umask
+
+
+def _fix_mode(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, FILE_MODE)  # the umask would otherwise make it -rw-------/-rw-r--r--
+
+
+def _unlink_quiet(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ESTALE):
+            raise
