@@ -41,6 +41,7 @@ class GcReport:
     expired: list[Claim] = field(default_factory=list)
     incomplete: list[Claim] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
+    swept: int = 0  # leftover staged files and locks of killed processes
 
 
 def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
@@ -223,6 +224,7 @@ def collect_garbage(store: ClaimStore, user: str) -> GcReport:
     for cf in snap.corrupt():
         if store.quarantine_corrupt(cf):
             report.corrupt.append(cf.uuid)
+    report.swept = store.sweep()
     return report
 
 

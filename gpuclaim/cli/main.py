@@ -9,7 +9,6 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 
 from gpuclaim import __version__
@@ -72,16 +71,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         result = app(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
         return _fail(exc.exit_code, str(exc), debug)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        if exc.ctx is not None:
-            click.echo(exc.ctx.get_help())
-        return ExitCode.USAGE
-    except click.UsageError as exc:
-        where = f" (see 'gpuclaim {_command_path(exc)}--help')"
-        return _fail(ExitCode.USAGE, exc.format_message() + where, debug)
-    except click.Abort:
-        sys.stderr.write("gpuclaim: aborted\n")
-        return 130
     except KeyboardInterrupt:
         sys.stderr.write("gpuclaim: interrupted\n")
         return 130
@@ -89,13 +78,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         # `gpuclaim status | head`: the reader left; not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.OK
-    except click.ClickException as exc:
-        return _fail(
-            ExitCode(exc.exit_code) if exc.exit_code in (1, 2) else 1, exc.format_message(), debug
-        )
-    except Exception as exc:  # a bug: still one line, with the way to see more
+    except Exception as exc:
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        # click's exceptions, whether from click itself or the copy newer typers vendor.
+        if "NoArgsIsHelpError" in kinds:
+            ctx = getattr(exc, "ctx", None)
+            sys.stdout.write((ctx.get_help() if ctx is not None else "") + "\n")
+            return ExitCode.USAGE
+        if "UsageError" in kinds:
+            where = f" (see 'gpuclaim {_command_path(exc)}--help')"
+            return _fail(ExitCode.USAGE, exc.format_message() + where, debug)  # type: ignore[attr-defined]
+        if "Abort" in kinds:
+            sys.stderr.write("gpuclaim: aborted\n")
+            return 130
+        if "ClickException" in kinds:
+            return _fail(ExitCode.ERROR, exc.format_message(), debug)  # type: ignore[attr-defined]
         if debug:
             traceback.print_exc()
+        # A bug: still one line, with the way to see more.
         sys.stderr.write(
             f"gpuclaim: internal error: {type(exc).__name__}: {exc} (run with --debug for the "
             "traceback, and please report it)\n"
@@ -111,10 +111,11 @@ def _fail(code: int, message: str, debug: bool) -> int:
     return int(code)
 
 
-def _command_path(exc: click.UsageError) -> str:
-    if exc.ctx is None or exc.ctx.parent is None:
+def _command_path(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None or ctx.parent is None:
         return ""
-    return exc.ctx.command_path.split(" ", 1)[-1] + " "
+    return str(ctx.command_path).split(" ", 1)[-1] + " "
 
 
 if __name__ == "__main__":
