@@ -46,7 +46,7 @@ def _check_invariants(store: ClaimStore, after_gc: bool) -> None:
         else:
             assert not after_gc, f"gc left {status.reason} claim {status.claim.id}"
             assert status.reason == "incomplete" and not whole
-    events, bad = store.read_events()
+    _events, bad = store.read_events()
     assert bad == 0, "the event log has a line that does not parse"
 
 
