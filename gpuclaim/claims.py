@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuclaim.cluster import ClusterView, GpuRow, build_view
+from gpuclaim.cluster import ClusterView, GpuRow, NodeProber, build_view
 from gpuclaim.config import Config, NodeConfig
 from gpuclaim.durations import format_duration
 from gpuclaim.errors import (
@@ -19,7 +19,7 @@ from gpuclaim.errors import (
 )
 from gpuclaim.identity import this_host
 from gpuclaim.model import Claim, ClaimedGpu, Event
-from gpuclaim.store import ClaimStatus, ClaimStore, new_claim_id
+from gpuclaim.store import ClaimStatus, Store, new_claim_id
 
 RACE_RETRIES = 8
 
@@ -58,11 +58,13 @@ def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     return node, indices
 
 
-def claim_gpus(config: Config, store: ClaimStore, req: ClaimRequest) -> Claim:
+def claim_gpus(
+    config: Config, store: Store, req: ClaimRequest, prober: Optional[NodeProber] = None
+) -> Claim:
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
     duration = _checked_duration(config, req.duration_s)
     nodes = _candidate_nodes(config, req)
-    view = build_view(config, store, nodes)
+    view = build_view(config, store, nodes, prober=prober)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         if req.adopt:
@@ -102,7 +104,7 @@ def claim_gpus(config: Config, store: ClaimStore, req: ClaimRequest) -> Claim:
 
 def release_claims(
     config: Config,
-    store: ClaimStore,
+    store: Store,
     user: str,
     claim_ids: Sequence[str] = (),
     gpus: Sequence[tuple[str, tuple[int, ...]]] = (),
@@ -160,7 +162,7 @@ def release_claims(
 
 def extend_claims(
     config: Config,
-    store: ClaimStore,
+    store: Store,
     user: str,
     claim_ids: Sequence[str],
     extra_s: float,
@@ -209,7 +211,7 @@ def extend_claims(
     return result
 
 
-def collect_garbage(store: ClaimStore, user: str) -> GcReport:
+def collect_garbage(store: Store, user: str) -> GcReport:
     """Remove expired and abandoned claims, set damaged claim files aside; log each."""
     snap = store.snapshot()
     report = GcReport()
@@ -228,14 +230,14 @@ def collect_garbage(store: ClaimStore, user: str) -> GcReport:
     return report
 
 
-def drain_node(config: Config, store: ClaimStore, user: str, node: str, reason: str) -> None:
+def drain_node(config: Config, store: Store, user: str, node: str, reason: str) -> None:
     config.node(node)
     now = store.now()
     store.set_drain(node, {"user": user, "reason": reason, "since": now})
     store.append_event(Event(ts=now, type="drain", user=user, node=node, reason=reason))
 
 
-def undrain_node(config: Config, store: ClaimStore, user: str, node: str) -> bool:
+def undrain_node(config: Config, store: Store, user: str, node: str) -> bool:
     config.node(node)
     if not store.clear_drain(node):
         return False
@@ -331,7 +333,7 @@ def _pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]
     return node, sorted(rows, key=lambda r: r.index or 0)
 
 
-def _reap_stale(store: ClaimStore, view: ClusterView, rows: list[GpuRow], user: str) -> None:
+def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) -> None:
     """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first."""
     for row in rows:
         if row.state != "stale":
@@ -348,7 +350,7 @@ def _reap_stale(store: ClaimStore, view: ClusterView, rows: list[GpuRow], user: 
             store.append_event(_event(kind, status.claim, end, by=user, reason=status.reason))
 
 
-def _remove_claim(store: ClaimStore, status: ClaimStatus) -> bool:
+def _remove_claim(store: Store, status: ClaimStatus) -> bool:
     removed = False
     for gpu_uuid in status.present:
         removed |= store.remove_gpu(gpu_uuid, status.claim.id)

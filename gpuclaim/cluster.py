@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.config import Config, Limits, NodeConfig
 from gpuclaim.model import Claim, Gpu, GpuProcess, NodeInventory, iso
-from gpuclaim.store import ClaimStatus, ClaimStore, Snapshot
+from gpuclaim.remote.fanout import fan_out
+from gpuclaim.store import ClaimStatus, Snapshot, Store
+
+if TYPE_CHECKING:
+    from gpuclaim.remote.agent_client import AgentClient
 
 
 @dataclass(frozen=True)
@@ -58,37 +61,66 @@ class ClusterView:
         return [r for r in self.rows if r.node == node and r.gpu is not None]
 
 
-def probe_nodes(config: Config, nodes: Sequence[NodeConfig]) -> dict[str, NodeInventory]:
-    """Ask every node in parallel; each answers with its inventory or its error."""
-    from gpuclaim.probe.local import probe_local
+class NodeProber:
+    """Asks nodes about their GPUs: local ones in-process, SSH ones through the agent, all in
+    parallel under one deadline. Holds the SSH pool, so keep one per process (the board)."""
 
-    def one(node: NodeConfig) -> NodeInventory:
-        if node.transport == "local":
-            return probe_local(
-                node.name, node.nvidia_smi, dict(node.env), config.limits.probe_timeout_s
-            )
-        return NodeInventory(
-            node=node.name,
-            reachable=False,
-            error="the SSH transport is not available in this build",
+    def __init__(self, config: Config, agent: Optional[AgentClient] = None) -> None:
+        self.config = config
+        self._agent = agent
+
+    @property
+    def agent(self) -> AgentClient:
+        if self._agent is None:
+            from gpuclaim.remote.session import open_agent
+
+            self._agent = open_agent(self.config)
+        return self._agent
+
+    def probe(self, nodes: Sequence[NodeConfig]) -> dict[str, NodeInventory]:
+        """Every node answers with its inventory, or is marked unreachable with the reason."""
+        by_name = {n.name: n for n in nodes}
+        outcomes = fan_out(
+            list(by_name),
+            lambda name: self._probe_one(by_name[name]),
+            self.config.limits.deadline_s,
         )
+        result = {}
+        for name, outcome in outcomes.items():
+            if outcome.ok and outcome.value is not None:
+                result[name] = outcome.value
+            else:
+                result[name] = NodeInventory(node=name, reachable=False, error=outcome.error)
+        return result
 
-    if len(nodes) == 1:
-        return {nodes[0].name: one(nodes[0])}
-    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        return {inv.node: inv for inv in pool.map(one, nodes)}
+    def _probe_one(self, node: NodeConfig) -> NodeInventory:
+        limits = self.config.limits
+        if node.transport == "local":
+            from gpuclaim.probe.local import probe_local
+
+            return probe_local(node.name, node.nvidia_smi, dict(node.env), limits.probe_timeout_s)
+        request = {
+            "op": "probe",
+            "node": node.name,
+            "nvidia_smi": list(node.nvidia_smi),
+            "env": dict(node.env),
+            "timeout": limits.probe_timeout_s,
+        }
+        answer = self.agent.call(node.host, request, limits.probe_timeout_s + 5)
+        return NodeInventory.from_dict(answer)
 
 
 def build_view(
     config: Config,
-    store: ClaimStore,
+    store: Store,
     nodes: Optional[Sequence[NodeConfig]] = None,
     inventories: Optional[dict[str, NodeInventory]] = None,
+    prober: Optional[NodeProber] = None,
 ) -> ClusterView:
     """Probe (unless given inventories), read the store, and judge every GPU."""
     selected = list(nodes or config.nodes)
     if inventories is None:
-        inventories = probe_nodes(config, selected)
+        inventories = (prober or NodeProber(config)).probe(selected)
     snap = store.snapshot()
     rows: list[GpuRow] = []
     seen: set[str] = set()

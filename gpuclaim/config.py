@@ -30,7 +30,17 @@ DEFAULT_IGNORED_PROCESSES = (
     "sddm-greeter",
     "gdm-x-session",
 )
-_TOP_KEYS = {"cluster", "nodes", "storage", "ssh_config", "user", "defaults", "node", "slack"}
+_TOP_KEYS = {
+    "cluster",
+    "nodes",
+    "storage",
+    "ssh_config",
+    "user",
+    "agent_command",
+    "defaults",
+    "node",
+    "slack",
+}
 _DEFAULT_KEYS = {
     "time",
     "max_time",
@@ -38,6 +48,8 @@ _DEFAULT_KEYS = {
     "busy_memory_mib",
     "ignore_processes",
     "probe_timeout",
+    "connect_timeout",
+    "deadline",
 }
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
@@ -61,7 +73,9 @@ class Limits:
     max_gpus_per_user: int = 0  # 0 = no limit
     busy_memory_mib: int = 256  # a GPU with less foreign memory than this still counts as free
     ignore_processes: tuple[str, ...] = DEFAULT_IGNORED_PROCESSES
-    probe_timeout_s: float = 10.0
+    probe_timeout_s: float = 10.0  # nvidia-smi can hang
+    connect_timeout_s: float = 5.0  # SSH connect, banner and auth, each
+    deadline_s: float = 20.0  # a whole cluster fan-out
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class Config:
     storage: str
     ssh_config: Optional[str] = None
     user: Optional[str] = None
+    agent_command: Optional[str] = None  # an installed agent instead of the one we send
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
 
@@ -94,6 +109,12 @@ class Config:
     @property
     def storage_path(self) -> Path:
         return Path(self.storage).expanduser()
+
+    @property
+    def ssh_config_path(self) -> Optional[Path]:
+        """``$GPUCLAIM_SSH_CONFIG``, else the config's ``ssh_config``, else None (ssh's own)."""
+        value = os.environ.get("GPUCLAIM_SSH_CONFIG") or self.ssh_config
+        return Path(value).expanduser() if value else None
 
 
 def load_config(path: Optional[Path] = None) -> Config:
@@ -170,6 +191,9 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     ssh_config = raw.get("ssh_config")
     if ssh_config is not None and not isinstance(ssh_config, str):
         raise ConfigError("'ssh_config' must be a path")
+    agent_command = raw.get("agent_command")
+    if agent_command is not None and (not isinstance(agent_command, str) or not agent_command):
+        raise ConfigError("'agent_command' must be a command line (a string)")
     return Config(
         path=path,
         cluster=cluster,
@@ -177,6 +201,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         storage=storage.strip(),
         ssh_config=ssh_config,
         user=user,
+        agent_command=agent_command,
         limits=_limits(_table(raw, "defaults")),
         slack=_slack(_table(raw, "slack")),
     )
@@ -225,6 +250,8 @@ def _limits(table: dict[str, Any]) -> Limits:
         busy_memory_mib=_int(table, "busy_memory_mib", base.busy_memory_mib),
         ignore_processes=tuple(ignore),
         probe_timeout_s=_duration(table, "probe_timeout", base.probe_timeout_s),
+        connect_timeout_s=_duration(table, "connect_timeout", base.connect_timeout_s),
+        deadline_s=_duration(table, "deadline", base.deadline_s),
     )
 
 

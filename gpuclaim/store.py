@@ -37,7 +37,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from gpuclaim.errors import ConflictError, StoreError
 from gpuclaim.identity import this_host
@@ -62,6 +62,27 @@ class ClaimFile:
     inode: int
     claim: Optional[Claim] = None
     error: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "path": str(self.path),
+            "mtime": self.mtime,
+            "inode": self.inode,
+            "claim": self.claim.to_dict() if self.claim else None,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClaimFile:
+        return cls(
+            uuid=str(d["uuid"]),
+            path=Path(d["path"]),
+            mtime=float(d["mtime"]),
+            inode=int(d["inode"]),
+            claim=Claim.from_dict(d["claim"]) if d.get("claim") else None,
+            error=d.get("error"),
+        )
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,62 @@ class Snapshot:
 
     def corrupt(self) -> list[ClaimFile]:
         return [f for f in self.files.values() if f.claim is None]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire shape the node agent sends for storage over SSH."""
+        return {
+            "now": self.now,
+            "files": [f.to_dict() for f in self.files.values()],
+            "claims": [
+                {
+                    "claim": s.claim.to_dict(),
+                    "state": s.state,
+                    "reason": s.reason,
+                    "present": list(s.present),
+                }
+                for s in self.claims.values()
+            ],
+            "drains": self.drains,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
+        files = [ClaimFile.from_dict(f) for f in d.get("files") or ()]
+        claims = [
+            ClaimStatus(
+                Claim.from_dict(c["claim"]),
+                str(c["state"]),
+                str(c.get("reason") or ""),
+                tuple(c.get("present") or ()),
+            )
+            for c in d.get("claims") or ()
+        ]
+        return cls(
+            now=float(d["now"]),
+            files={f.uuid: f for f in files},
+            claims={c.claim.id: c for c in claims},
+            drains=dict(d.get("drains") or {}),
+        )
+
+
+class Store(Protocol):
+    """What the core needs of a store: ``ClaimStore`` here, or ``RemoteStore`` over SSH."""
+
+    root: Path
+
+    def ensure(self) -> None: ...
+    def now(self) -> float: ...
+    def snapshot(self) -> Snapshot: ...
+    def acquire(self, claim: Claim) -> None: ...
+    def remove_gpu(self, gpu_uuid: str, claim_id: Optional[str], *, inode: int = 0) -> bool: ...
+    def quarantine_corrupt(self, cf: ClaimFile) -> bool: ...
+    def rewrite(self, old: Claim, new: Claim) -> None: ...
+    def append_event(self, event: Event) -> None: ...
+    def read_events(self) -> tuple[list[Event], int]: ...
+    def drains(self) -> dict[str, dict[str, Any]]: ...
+    def set_drain(self, node: str, info: dict[str, Any]) -> None: ...
+    def clear_drain(self, node: str) -> bool: ...
+    def sweep(self, max_age_s: float = 3600.0) -> int: ...
 
 
 class ClaimStore:

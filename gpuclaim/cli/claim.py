@@ -54,7 +54,7 @@ def claim(
         note=_clean_note(note),
         adopt=adopt,
     )
-    result = claim_gpus(st.config, st.store, req)
+    result = claim_gpus(st.config, st.store, req, st.prober)
     if as_json:
         print_json(result.to_dict())
     elif short:

@@ -11,11 +11,11 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from gpuclaim.cluster import NodeProber
 from gpuclaim.config import Config, load_config
-from gpuclaim.errors import GpuclaimError
 from gpuclaim.identity import current_user
 from gpuclaim.paths import host_lock_dir
-from gpuclaim.store import ClaimStore
+from gpuclaim.store import ClaimStore, Store
 
 
 @dataclass
@@ -24,7 +24,8 @@ class AppState:
 
     config_path: Optional[Path] = None
     _config: Optional[Config] = field(default=None, repr=False)
-    _store: Optional[ClaimStore] = field(default=None, repr=False)
+    _store: Optional[Store] = field(default=None, repr=False)
+    _prober: Optional[NodeProber] = field(default=None, repr=False)
 
     @property
     def config(self) -> Config:
@@ -37,15 +38,24 @@ class AppState:
         return current_user(self.config.user)
 
     @property
-    def store(self) -> ClaimStore:
+    def prober(self) -> NodeProber:
+        """One per process: it holds the SSH connections, reused by every command step."""
+        if self._prober is None:
+            self._prober = NodeProber(self.config)
+        return self._prober
+
+    @property
+    def store(self) -> Store:
         if self._store is None:
             storage = self.config.storage
+            store: Store
             if storage.startswith("ssh://"):
-                raise GpuclaimError(
-                    f"storage {storage}: ssh:// storage needs the node agent, not in this build",
-                    hint="mount the storage and give its path",
-                )
-            store = ClaimStore(self.config.storage_path, host_lock_dir())
+                from gpuclaim.remote.store_proxy import RemoteStore, parse_storage_url
+
+                host, root = parse_storage_url(storage)
+                store = RemoteStore(self.prober.agent, host, root)
+            else:
+                store = ClaimStore(self.config.storage_path, host_lock_dir())
             store.ensure()
             self._store = store
         return self._store

@@ -21,7 +21,7 @@ def status(
     st = state(ctx)
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
-    view = build_view(cfg, st.store, nodes)
+    view = build_view(cfg, st.store, nodes, prober=st.prober)
     if as_json:
         print_json([r.to_dict() for r in view.rows])
     else:

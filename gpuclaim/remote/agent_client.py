@@ -1,0 +1,81 @@
+"""Calling the node agent over SSH: one round trip per request once the agent is cached."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any, Optional
+
+from gpuclaim import errors
+from gpuclaim.errors import GpuclaimError, UnreachableError
+from gpuclaim.remote.bundle import agent_bundle
+from gpuclaim.remote.ssh import SshPool
+
+_MISSING = 117  # our sentinel exit status: the cached agent file is not on the node
+
+
+class AgentClient:
+    """Sends JSON requests to ``python3 agent.pyz`` on a node (uploading it when missing),
+    or to an installed ``agent_command`` when the config names one."""
+
+    def __init__(self, pool: SshPool, agent_command: Optional[str] = None) -> None:
+        self.pool = pool
+        self.agent_command = agent_command
+
+    def call(self, alias: str, request: dict[str, Any], timeout: float = 30.0) -> Any:
+        """The ``result`` of the request, or the agent's error raised as ours."""
+        payload = json.dumps(request).encode()
+        command = self._command()
+        result = self.pool.run(alias, command, payload, timeout)
+        if result.exit_code == _MISSING and self.agent_command is None:
+            self._upload(alias, timeout)
+            result = self.pool.run(alias, command, payload, timeout)
+        return _decode(alias, result.exit_code, result.stdout, result.stderr)
+
+    def _command(self) -> str:
+        if self.agent_command:
+            return self.agent_command
+        version, _ = agent_bundle()
+        path = f'"$HOME/.cache/gpuclaim/agent-{version}.pyz"'
+        return f'f={path}; [ -f "$f" ] || exit {_MISSING}; exec python3 "$f"'
+
+    def _upload(self, alias: str, timeout: float) -> None:
+        version, blob = agent_bundle()
+        target = shlex.quote(f"agent-{version}.pyz")
+        script = (
+            'd="$HOME/.cache/gpuclaim" && mkdir -p "$d" && t=$(mktemp "$d/.agent.XXXXXX") '
+            f'&& cat > "$t" && chmod 644 "$t" && mv -f "$t" "$d/"{target}'
+        )
+        result = self.pool.run(alias, script, blob, timeout)
+        if result.exit_code != 0:
+            raise UnreachableError(
+                f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: "
+                + _first_line(result.stderr)
+            )
+
+
+def _decode(alias: str, code: int, stdout: bytes, stderr: bytes) -> Any:
+    if code == 127:
+        raise UnreachableError(f"{alias}: python3 is not installed (gpuclaim needs python3 >= 3.9)")
+    text = stdout.decode("utf-8", "replace").strip()
+    try:
+        response = json.loads(text.splitlines()[-1]) if text else None
+    except ValueError:
+        response = None
+    if not isinstance(response, dict):
+        detail = _first_line(stderr) or text[:200] or f"exit status {code}"
+        if "SyntaxError" in stderr.decode("utf-8", "replace"):
+            detail = "python3 on the node is too old (gpuclaim needs >= 3.9)"
+        raise UnreachableError(f"{alias}: agent failed: {detail}")
+    if "error" in response:
+        err = response["error"]
+        cls = getattr(errors, str(err.get("type")), GpuclaimError)
+        if not (isinstance(cls, type) and issubclass(cls, GpuclaimError)):
+            cls = GpuclaimError
+        raise cls(str(err.get("message")), hint=err.get("hint"))
+    return response.get("result")
+
+
+def _first_line(data: bytes) -> str:
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else ""

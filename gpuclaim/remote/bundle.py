@@ -1,0 +1,48 @@
+"""The agent as one zip file the CLI sends to a node (``python3 agent.pyz``), versioned by
+content so a node re-receives it only when it changed."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from gpuclaim import __version__
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+# Node-side modules: standard library only (checked by tests on the nodes' python3).
+AGENT_MODULES = (
+    "__init__.py",
+    "agent.py",
+    "errors.py",
+    "identity.py",
+    "model.py",
+    "store.py",
+    "probe/__init__.py",
+    "probe/local.py",
+    "probe/nvml.py",
+    "probe/smi_parse.py",
+)
+_MAIN = b"import sys\nfrom gpuclaim.agent import main\nsys.exit(main())\n"
+_FIXED_TIME = (2020, 1, 1, 0, 0, 0)
+
+
+@lru_cache(maxsize=1)
+def agent_bundle() -> tuple[str, bytes]:
+    """(version, zip bytes); the version changes whenever any bundled file does."""
+    files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in AGENT_MODULES}
+    files["__main__.py"] = _MAIN
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name] + b"\0")
+    version = f"{__version__}-{digest.hexdigest()[:12]}"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, files[name])
+    return version, buf.getvalue()

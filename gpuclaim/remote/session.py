@@ -1,0 +1,12 @@
+"""Building the SSH side from the config: one pool and one agent client per process."""
+
+from __future__ import annotations
+
+from gpuclaim.config import Config
+from gpuclaim.remote.agent_client import AgentClient
+from gpuclaim.remote.ssh import SshPool
+
+
+def open_agent(config: Config) -> AgentClient:
+    pool = SshPool(config.ssh_config_path, config.limits.connect_timeout_s)
+    return AgentClient(pool, config.agent_command)
