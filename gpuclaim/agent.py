@@ -78,6 +78,7 @@ def _doctor(request: dict[str, Any]) -> dict[str, Any]:
     root = request.get("storage")
     if root:
         facts["storage"] = _storage_facts(Path(str(root)))
+    facts["time"] = time.time()  # last, so clock skew is not blurred by the probes above
     return facts
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from gpuclaim.claims import collect_garbage, drain_node, undrain_node
 from gpuclaim.cli.common import out, print_json, state
+from gpuclaim.errors import ExitCode
 
 
 def gc(
@@ -13,6 +13,8 @@ def gc(
     as_json: bool = typer.Option(False, "--json", help="Print what was collected as JSON."),
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
+    from gpuclaim.claims import collect_garbage
+
     st = state(ctx)
     report = collect_garbage(st.store, st.user)
     if as_json:
@@ -41,6 +43,8 @@ def drain(
     reason: str = typer.Option("", "--reason", help="Why (shown in status)."),
 ) -> None:
     """Stop new claims on NODE (existing claims stay until released)."""
+    from gpuclaim.claims import drain_node
+
     st = state(ctx)
     drain_node(st.config, st.store, st.user, node, reason)
     out().print(f"{node} drained: no new claims there until 'gpuclaim undrain {node}'.")
@@ -48,8 +52,36 @@ def drain(
 
 def undrain(ctx: typer.Context, node: str = typer.Argument(..., help="The node.")) -> None:
     """Allow new claims on NODE again."""
+    from gpuclaim.claims import undrain_node
+
     st = state(ctx)
     if undrain_node(st.config, st.store, st.user, node):
         out().print(f"{node} is open for claims again.")
     else:
         out().print(f"{node} was not drained.")
+
+
+def doctor(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Check every node: SSH, python3, tmux, GPUs and driver, storage, clock, agent."""
+    from gpuclaim.cli import render
+    from gpuclaim.doctor import run_doctor
+
+    st = state(ctx)
+    report = run_doctor(st.config, st.store, st.prober)
+    if as_json:
+        print_json([h.to_dict() for h in report])
+    else:
+        console = out()
+        console.print(render.doctor_table(report))
+        for h in report:
+            for problem, fix in h.problems:
+                console.print(f"[red]{h.node}[/red]: {problem}\n    fix: {fix}")
+        if not any(h.problems for h in report):
+            console.print("All nodes look good.")
+    if any(not h.reachable for h in report):
+        raise typer.Exit(ExitCode.UNREACHABLE)
+    if any(h.problems for h in report):
+        raise typer.Exit(ExitCode.ERROR)

@@ -6,15 +6,7 @@ from typing import Optional
 
 import typer
 
-from gpuclaim.claims import (
-    ClaimRequest,
-    claim_gpus,
-    extend_claims,
-    parse_gpu_spec,
-    release_claims,
-)
 from gpuclaim.cli.common import out, print_json, state
-from gpuclaim.cli.render import claim_lines
 from gpuclaim.durations import format_duration, parse_duration
 from gpuclaim.errors import UsageError
 
@@ -39,6 +31,9 @@ def claim(
     as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
 ) -> None:
     """Claim GPUs (exit 3 if nothing fits now)."""
+    from gpuclaim.claims import ClaimRequest, claim_gpus, parse_gpu_spec
+    from gpuclaim.cli.render import claim_lines
+
     if sum(x is not None and x is not False for x in (count, gpu, adopt or None)) > 1:
         raise UsageError("use one of -n, --gpu and --adopt")
     st = state(ctx)
@@ -75,6 +70,8 @@ def release(
     as_json: bool = typer.Option(False, "--json", help="Print the released claims as JSON."),
 ) -> None:
     """Release claims: your own, or another user's with --force."""
+    from gpuclaim.claims import parse_gpu_spec, release_claims
+
     st = state(ctx)
     specs = [parse_gpu_spec(g) for g in gpu or ()]
     released = release_claims(
@@ -100,6 +97,8 @@ def extend(
     as_json: bool = typer.Option(False, "--json", help="Print the extended claims as JSON."),
 ) -> None:
     """Give your own claim more time (within the cluster's limit)."""
+    from gpuclaim.claims import extend_claims
+
     st = state(ctx)
     extended = extend_claims(
         st.config, st.store, st.user, claim_ids or (), parse_duration(time), extend_all

@@ -6,16 +6,18 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from rich.console import Console
 
-from gpuclaim.cluster import NodeProber
-from gpuclaim.config import Config, load_config
 from gpuclaim.identity import current_user
-from gpuclaim.paths import host_lock_dir
-from gpuclaim.store import ClaimStore, Store
+
+if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
+    from rich.console import Console
+
+    from gpuclaim.cluster import NodeProber
+    from gpuclaim.config import Config
+    from gpuclaim.store import Store
 
 
 @dataclass
@@ -30,6 +32,8 @@ class AppState:
     @property
     def config(self) -> Config:
         if self._config is None:
+            from gpuclaim.config import load_config
+
             self._config = load_config(self.config_path)
         return self._config
 
@@ -41,6 +45,8 @@ class AppState:
     def prober(self) -> NodeProber:
         """One per process: it holds the SSH connections, reused by every command step."""
         if self._prober is None:
+            from gpuclaim.cluster import NodeProber
+
             self._prober = NodeProber(self.config)
         return self._prober
 
@@ -55,6 +61,9 @@ class AppState:
                 host, root = parse_storage_url(storage)
                 store = RemoteStore(self.prober.agent, host, root)
             else:
+                from gpuclaim.paths import host_lock_dir
+                from gpuclaim.store import ClaimStore
+
                 store = ClaimStore(self.config.storage_path, host_lock_dir())
             store.ensure()
             self._store = store
@@ -71,12 +80,16 @@ def state(ctx: typer.Context) -> AppState:
 def out() -> Console:
     """stdout: colour only on a terminal (rich honours NO_COLOR); in a pipe, lines are never
     wrapped at 80 columns, so scripts can grep whole rows."""
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console(highlight=False)
     return Console(highlight=False, width=240, no_color=True)
 
 
 def err() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False)
 
 

@@ -8,10 +8,8 @@ from typing import Optional
 import typer
 
 from gpuclaim.cli.common import err, out, print_json, state
-from gpuclaim.cli.render import history_table
 from gpuclaim.durations import parse_duration
 from gpuclaim.errors import UsageError
-from gpuclaim.history import GROUPINGS, claim_intervals, interval_dict, summarize
 
 
 def history(
@@ -25,6 +23,9 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """GPU-hours held, from the event log (and the claims held now)."""
+    from gpuclaim.cli.render import history_table
+    from gpuclaim.history import GROUPINGS, claim_intervals, interval_dict, summarize
+
     if by not in GROUPINGS:
         raise UsageError(f"--by must be one of {', '.join(GROUPINGS)}, not {by!r}")
     st = state(ctx)

@@ -59,6 +59,7 @@ app.command("history")(history.history)
 app.command("gc")(admin.gc)
 app.command("drain")(admin.drain)
 app.command("undrain")(admin.undrain)
+app.command("doctor")(admin.doctor)
 app.command("init")(setup.init)
 app.command("demo")(setup.demo)
 

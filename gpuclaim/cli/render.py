@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +12,9 @@ from rich.text import Text
 from gpuclaim.cluster import ClusterView, GpuRow
 from gpuclaim.durations import format_duration
 from gpuclaim.model import Claim
+
+if TYPE_CHECKING:
+    from gpuclaim.doctor import NodeHealth
 
 STATE_STYLE = {
     "free": "green",
@@ -92,6 +95,29 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     table.add_column("CLAIMS", justify="right")
     for row in rows:
         table.add_row(str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]))
+    return table
+
+
+def doctor_table(report: Sequence[NodeHealth]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NODE", "SSH", "PYTHON", "TMUX", "GPUS", "DRIVER", "STORAGE", "CLOCK", "AGENT"):
+        table.add_column(col, no_wrap=True)
+    for h in report:
+        if not h.reachable:
+            table.add_row(h.node, Text("unreachable", style="red"), *[""] * 7)
+            continue
+        skew = "" if h.clock_skew_s is None else f"{h.clock_skew_s:+.1f}s"
+        table.add_row(
+            h.node,
+            Text(f"ok {h.seconds:.2f}s", style="green"),
+            h.python or "?",
+            (h.tmux or Text("missing", style="red")) if not isinstance(h.tmux, str) else h.tmux,
+            f"{h.gpus} ({h.gpu_source})" if h.gpu_source else "?",
+            h.driver or "",
+            h.storage or "-",
+            skew,
+            h.agent or "",
+        )
     return table
 
 

@@ -12,10 +12,8 @@ import typer
 
 from gpuclaim import paths
 from gpuclaim.cli.common import err, out, state
-from gpuclaim.configfile import render_config
 from gpuclaim.durations import parse_duration
 from gpuclaim.errors import GpuclaimError, UsageError
-from gpuclaim.sandbox import create_sandbox
 
 
 def init(
@@ -36,6 +34,8 @@ def init(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config."),
 ) -> None:
     """Write a config file (asks for what is missing when run in a terminal)."""
+    from gpuclaim.configfile import render_config
+
     target = state(ctx).config_path or paths.config_path()
     if target.exists() and not force:
         raise GpuclaimError(f"{target} exists", hint="use --force to overwrite it")
@@ -89,6 +89,8 @@ def demo(
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Run a short guided tour."),
 ) -> None:
     """A sandbox with simulated GPUs on this machine: try everything without a cluster."""
+    from gpuclaim.sandbox import create_sandbox
+
     where = directory or paths.data_dir() / "demo"
     config_path = create_sandbox(where, reset=reset)
     console = out()

@@ -7,8 +7,6 @@ from typing import Optional
 import typer
 
 from gpuclaim.cli.common import out, print_json, state
-from gpuclaim.cli.render import status_summary, status_table
-from gpuclaim.cluster import build_view
 from gpuclaim.errors import ExitCode
 
 
@@ -18,6 +16,9 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
+    from gpuclaim.cli.render import status_summary, status_table
+    from gpuclaim.cluster import build_view
+
     st = state(ctx)
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
