@@ -16,6 +16,8 @@ import pytest
 
 from gpuclaim.configfile import render_config
 
+pytest_plugins = ["testbed_fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 FAST_SMI = REPO / "tests" / "assets" / "fast-nvidia-smi.sh"
 
@@ -24,8 +26,57 @@ def gpu(name: str = "NVIDIA H100 80GB HBM3", mem: int = 81559, **extra: Any) -> 
     return {"name": name, "memory_total_mib": mem, **extra}
 
 
+class CliDriver:
+    """Runs the real ``gpuclaim`` in new processes, as a user at a terminal would."""
+
+    home: Path
+    config_path: Path
+
+    def env(self, user: str = "alice", **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLAIM_")}
+        env.update(
+            GPUCLAIM_HOME=str(self.home),
+            GPUCLAIM_CONFIG=str(self.config_path),
+            GPUCLAIM_USER=user,
+            NO_COLOR="1",
+        )
+        env.update(extra)
+        return env
+
+    def cli(
+        self, *args: str, user: str = "alice", timeout: float = 60, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``gpuclaim ARGS`` in a new process, as a user would."""
+        return subprocess.run(
+            [sys.executable, "-m", "gpuclaim", *args],
+            env=self.env(user, **env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def ok(self, *args: str, user: str = "alice") -> str:
+        proc = self.cli(*args, user=user)
+        assert proc.returncode == 0, (
+            f"gpuclaim {' '.join(args)} -> {proc.returncode}\n{proc.stderr}"
+        )
+        return proc.stdout
+
+    def json(self, *args: str, user: str = "alice", expect: int = 0) -> Any:
+        proc = self.cli(*args, "--json", user=user)
+        assert proc.returncode == expect, f"{args} -> {proc.returncode}: {proc.stderr}"
+        return json.loads(proc.stdout)
+
+    def status(self, user: str = "alice") -> list[dict[str, Any]]:
+        return self.json("status", user=user)
+
+    def by_gpu(self, user: str = "alice") -> dict[tuple[str, int], dict[str, Any]]:
+        return {(r["node"], r["index"]): r for r in self.status(user)}
+
+
 @dataclass
-class SimCluster:
+class SimCluster(CliDriver):
     """A gpuclaim cluster of local nodes with simulated GPUs, driven through the real CLI."""
 
     root: Path
@@ -102,49 +153,6 @@ class SimCluster:
         )
         self.config_path.write_text(text)
 
-    # -- driving the CLI ------------------------------------------------------------------------
-    def env(self, user: str = "alice", **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLAIM_")}
-        env.update(
-            GPUCLAIM_HOME=str(self.home),
-            GPUCLAIM_CONFIG=str(self.config_path),
-            GPUCLAIM_USER=user,
-            NO_COLOR="1",
-        )
-        env.update(extra)
-        return env
-
-    def cli(
-        self, *args: str, user: str = "alice", timeout: float = 60, **env: str
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``gpuclaim ARGS`` in a new process, as a user would."""
-        return subprocess.run(
-            [sys.executable, "-m", "gpuclaim", *args],
-            env=self.env(user, **env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def ok(self, *args: str, user: str = "alice") -> str:
-        proc = self.cli(*args, user=user)
-        assert proc.returncode == 0, (
-            f"gpuclaim {' '.join(args)} -> {proc.returncode}\n{proc.stderr}"
-        )
-        return proc.stdout
-
-    def json(self, *args: str, user: str = "alice", expect: int = 0) -> Any:
-        proc = self.cli(*args, "--json", user=user)
-        assert proc.returncode == expect, f"{args} -> {proc.returncode}: {proc.stderr}"
-        return json.loads(proc.stdout)
-
-    def status(self, user: str = "alice") -> list[dict[str, Any]]:
-        return self.json("status", user=user)
-
-    def by_gpu(self, user: str = "alice") -> dict[tuple[str, int], dict[str, Any]]:
-        return {(r["node"], r["index"]): r for r in self.status(user)}
-
 
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
@@ -168,3 +176,47 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
 def cluster(make_cluster: Any) -> SimCluster:
     """Two nodes: node01 with 4 H100s, node02 with 2 L40S."""
     return make_cluster({"node01": 4, "node02": [gpu("NVIDIA L40S", 46068) for _ in range(2)]})
+
+
+class RemoteCluster(CliDriver):
+    """A gpuclaim config whose nodes are a real sshd testbed, used from this "laptop"."""
+
+    def __init__(
+        self,
+        root: Path,
+        testbed: Any,
+        storage: Optional[str] = None,
+        nodes: Optional[list[str]] = None,
+        **defaults: Any,
+    ) -> None:
+        self.root = root
+        self.testbed = testbed
+        self.home = root / "home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.storage = root / "store"
+        self.config_path = root / "config.toml"
+        self.nodes = nodes or list(testbed.nodes)
+        text = render_config(
+            cluster="tb",
+            nodes=self.nodes,
+            storage=storage or str(self.storage),
+            ssh_config=str(testbed.ssh_config),
+            defaults={"connect_timeout": "3s", "deadline": "15s", **defaults},
+        )
+        self.config_path.write_text(text)
+
+    def env(self, user: str = "alice", **extra: str) -> dict[str, str]:
+        env = super().env(user, **extra)
+        env.pop("GPUCLAIM_SSH_CONFIG", None)
+        return env
+
+
+@pytest.fixture
+def make_remote(tmp_path: Path) -> Any:
+    count = [0]
+
+    def make(testbed: Any, **kwargs: Any) -> RemoteCluster:
+        count[0] += 1
+        return RemoteCluster(tmp_path / f"r{count[0]}", testbed, **kwargs)
+
+    return make

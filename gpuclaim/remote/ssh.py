@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -73,8 +74,10 @@ def load_ssh_config(explicit: Optional[Path]) -> Any:
     return SSHConfig.from_text("\n".join(parts))
 
 
-def _connection_class() -> Any:
-    """Defined lazily: importing fabric costs ~150 ms, which commands without SSH never pay."""
+@cache
+def _connection_class(timeout: float) -> Any:
+    """Defined lazily: importing fabric costs ~150 ms, which commands without SSH never pay.
+    ``timeout`` bounds connect, banner and auth of the node and of every gateway hop."""
     import paramiko
     from fabric import Connection
 
@@ -104,10 +107,11 @@ def _connection_class() -> Any:
             for hop in reversed(self.ssh_config["proxyjump"].split(",")):
                 if self.derive_shorthand(hop)["host"] == self.host:
                     return None
+                # Called from fabric's __init__, before our own attributes exist.
                 kwargs: dict[str, Any] = {
                     "config": self.config.clone(),
-                    "connect_timeout": self.connect_timeout,
-                    "connect_kwargs": dict(self.connect_kwargs),
+                    "connect_timeout": timeout,
+                    "connect_kwargs": {"banner_timeout": timeout, "auth_timeout": timeout},
                 }
                 if gateway is not None:
                     kwargs["gateway"] = gateway
@@ -165,7 +169,7 @@ class SshPool:
             with self._guard:
                 config = self._config()
             timeout = self.connect_timeout
-            conn = _connection_class()(
+            conn = _connection_class(timeout)(
                 alias,
                 config=config,
                 connect_timeout=timeout,

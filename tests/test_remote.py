@@ -1,0 +1,265 @@
+"""The cluster over SSH, end to end through the CLI against real sshd nodes on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import os
+import random
+import time
+
+from conftest import gpu
+
+
+def test_status_lists_every_gpu_of_three_nodes(testbed, make_remote):
+    testbed.set_gpus("node01", [gpu(), gpu()])
+    testbed.set_gpus(
+        "node02",
+        [
+            gpu("NVIDIA L40S", 46068),
+            gpu(
+                "NVIDIA L40S",
+                46068,
+                utilization_pct=88,
+                processes=[
+                    {"pid": 4194500, "name": "/opt/conda/bin/python", "used_memory_mib": 30000}
+                ],
+            ),
+        ],
+    )
+    testbed.set_gpus("node03", [gpu("NVIDIA A100-SXM4-80GB", 81920) for _ in range(3)])
+    c = make_remote(testbed)
+    proc = c.cli("status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["node"], r["index"]) for r in rows] == [
+        ("node01", 0),
+        ("node01", 1),
+        ("node02", 0),
+        ("node02", 1),
+        ("node03", 0),
+        ("node03", 1),
+        ("node03", 2),
+    ]
+    by = {(r["node"], r["index"]): r for r in rows}
+    assert by[("node02", 0)]["name"] == "NVIDIA L40S"
+    assert by[("node02", 0)]["memory_total_mib"] == 46068
+    assert by[("node03", 2)]["name"] == "NVIDIA A100-SXM4-80GB"
+    busy = by[("node02", 1)]
+    assert busy["state"] == "busy-unclaimed"
+    assert busy["utilization_pct"] == 88
+    assert busy["memory_used_mib"] == 30000
+    assert [p["name"] for p in busy["processes"]] == ["/opt/conda/bin/python"]
+    # UUIDs are the node's own (the fake derives them from node and index)
+    assert len({r["uuid"] for r in rows}) == 7
+
+
+def test_claim_and_release_over_ssh_with_a_live_job(testbed, make_remote):
+    c = make_remote(testbed)
+    claim = c.json("claim", "-n", "2", "--node", "node02", "--note", "remote")
+    assert claim["node"] == "node02" and claim["gpus"] == [0, 1]
+    # A process started on the node outside gpuclaim shows up through the node's nvidia-smi.
+    job = testbed.ssh("node03", "CUDA_VISIBLE_DEVICES=3 nohup sleep 60 >/dev/null 2>&1 &")
+    assert job.returncode == 0, job.stderr
+    rows = c.by_gpu(user="bob")
+    assert rows[("node02", 0)]["claim"]["user"] == "alice"
+    assert rows[("node03", 3)]["state"] == "busy-unclaimed"
+    c.ok("release", claim["id"])
+    assert c.by_gpu()[("node02", 0)]["state"] == "free"
+
+
+def test_unreachable_node_is_a_row_and_exit_4(testbed, make_remote):
+    c = make_remote(testbed)
+    claim = c.json("claim", "--gpu", "node02:1")
+    testbed.stop_node("node02")
+    t0 = time.monotonic()
+    proc = c.cli("status", "--json")
+    took = time.monotonic() - t0
+    assert proc.returncode == 4, proc.stderr
+    rows = json.loads(proc.stdout)
+    down = [r for r in rows if r["node"] == "node02"]
+    # What the store knows about the dead node is still shown, marked unreachable.
+    assert [(r["index"], r["state"], r["claim"]["id"]) for r in down] == [
+        (1, "unreachable", claim["id"])
+    ]
+    assert "refused" in down[0]["reason"]
+    assert {r["state"] for r in rows if r["node"] != "node02"} == {"free"}
+    assert len([r for r in rows if r["node"] != "node02"]) == 8
+    assert took < 3 + 1 + 2.5  # connect timeout + a second, + interpreter start-up
+    # The table says it too, and claims still go to the living nodes.
+    text = c.cli("status")
+    assert text.returncode == 4 and "node02" in text.stdout and "unreachable" in text.stdout
+    assert c.json("claim", "-n", "4")["node"] in ("node01", "node03")
+
+
+def test_hung_node_is_bounded_by_the_deadline(testbed, make_remote):
+    # sshd answers but nvidia-smi hangs: the probe timeout and the deadline bound it.
+    testbed.set_node("node01", delay_ms=60_000)
+    c = make_remote(testbed, probe_timeout="2s", deadline="6s")
+    t0 = time.monotonic()
+    proc = c.cli("status", "--json")
+    took = time.monotonic() - t0
+    assert proc.returncode == 4
+    rows = json.loads(proc.stdout)
+    assert [r["state"] for r in rows if r["node"] == "node01"] == ["unreachable"]
+    assert "did not answer within 2s" in rows[0]["reason"]
+    assert took < 6 + 3
+
+
+def test_fan_out_is_parallel(make_testbed, make_remote):
+    tb = make_testbed(8, gpus=1)
+    for node in tb.nodes:
+        tb.set_node(node, delay_ms=1500)  # every nvidia-smi call takes 1.5 s
+    c = make_remote(tb)
+    t0 = time.monotonic()
+    rows = c.status()
+    took = time.monotonic() - t0
+    assert len(rows) == 8
+    # Two nvidia-smi calls per node: sequential would take 8 x 3 s = 24 s.
+    assert took < 12, f"status over 8 slow nodes took {took:.1f}s: not parallel"
+
+
+def test_driver_missing_node_falls_back_and_doctor_reports(testbed, make_remote):
+    c = make_remote(testbed)
+    inventory_source = c.json("doctor", expect=0)
+    assert {h["gpu_source"] for h in inventory_source} == {"nvidia-smi"}  # no pynvml there
+    assert all(h["storage"] == "ok" for h in inventory_source)
+    assert all(abs(h["clock_skew_s"]) < 5 for h in inventory_source)
+    testbed.set_node("node03", fail=True)
+    proc = c.cli("doctor")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "node03: nvidia-smi cannot reach the NVIDIA driver" in proc.stdout
+    assert "fix: install the NVIDIA driver" in proc.stdout
+    rows = json.loads(c.cli("status", "--json").stdout)
+    assert [r["state"] for r in rows if r["node"] == "node03"] == ["unreachable"]
+    testbed.stop_node("node01")
+    assert c.cli("doctor").returncode == 4
+
+
+def test_changed_or_unknown_host_key_is_refused(testbed, make_remote):
+    c = make_remote(testbed)
+    assert c.cli("status").returncode == 0
+    lines = testbed.known_hosts.read_text().splitlines()
+    port1, port2 = testbed.ports["node01"], testbed.ports["node02"]
+    key2 = next(line for line in lines if f"]:{port2} " in line).split(None, 1)[1]
+    forged = [
+        (line.split(None, 1)[0] + " " + key2) if f"]:{port1} " in line else line for line in lines
+    ]
+    testbed.known_hosts.write_text("\n".join(forged) + "\n")
+    proc = c.cli("status", "--json")
+    assert proc.returncode == 4
+    row = next(r for r in json.loads(proc.stdout) if r["node"] == "node01")
+    assert row["state"] == "unreachable"
+    assert "HOST KEY CHANGED" in row["reason"]
+    # plain ssh agrees that this is an attack, not a hiccup
+    assert testbed.ssh("node01", "true").returncode != 0
+    # unknown key: not in known_hosts at all
+    testbed.known_hosts.write_text(
+        "\n".join(line for line in lines if f"]:{port1} " not in line) + "\n"
+    )
+    row = next(r for r in json.loads(c.cli("status", "--json").stdout) if r["node"] == "node01")
+    assert "unknown host key" in row["reason"]
+
+
+def test_proxyjump_through_a_jump_host(make_testbed, make_remote):
+    tb = make_testbed(1, gpus=2, jump=True)
+    c = make_remote(tb, nodes=["node01", "hidden01"])
+    rows = c.status()
+    assert {r["node"] for r in rows} == {"node01", "hidden01"}
+    assert all(r["state"] == "free" for r in rows)
+    log = tb.log_path(tb.jump_host).read_text()
+    assert "direct-tcpip" in log
+
+
+def test_include_in_ssh_config_is_honoured(testbed, make_remote, tmp_path):
+    wrapper = tmp_path / "ssh_config_with_include"
+    wrapper.write_text(f"# top-level file\nInclude {testbed.ssh_config}\n")
+    c = make_remote(testbed)
+    proc = c.cli("status", "--json", GPUCLAIM_SSH_CONFIG=str(wrapper))
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)) == 12
+
+
+def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote):
+    c = make_remote(testbed)
+    c.ok("status")
+    cached = list((testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim").glob("agent-*.pyz"))
+    assert len(cached) == 1
+    first = cached[0].stat().st_mtime_ns
+    c.ok("status")
+    assert cached[0].stat().st_mtime_ns == first  # not re-sent
+
+
+def test_storage_over_ssh_claim_release_and_clock(testbed, make_remote):
+    root = testbed.dir / "srv-store"
+    c = make_remote(testbed, storage=f"ssh://node01{root}")
+    claim = c.json("claim", "-n", "1", "--node", "node03", "--time", "1h")
+    # The claim file lives on the storage host, written there by the agent.
+    files = list((root / "gpus").glob("*.claim"))
+    assert [json.loads(f.read_text())["id"] for f in files] == [claim["id"]]
+    assert c.by_gpu(user="bob")[("node03", 0)]["claim"]["user"] == "alice"
+    c.ok("release", claim["id"])
+    assert not list((root / "gpus").glob("*.claim"))
+    assert c.json("history")[0]["claims"] == 1
+
+
+def _ssh_racer(env: dict, user: str, rounds: int, barrier, out: str, seed: int) -> None:
+    from gpuclaim.cli.main import main
+
+    os.environ.update(env)
+    os.environ["GPUCLAIM_USER"] = user
+    rng = random.Random(seed)
+    with open(out, "w") as fh:
+        for r in range(rounds):
+            barrier.wait(timeout=120)
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+                rc = main(["claim", "-n", str(rng.choice((1, 2))), "--node", "node02", "--json"])
+            claim = json.loads(buf.getvalue()) if rc == 0 else None
+            fh.write(json.dumps({"round": r, "rc": rc, "claim": claim}) + "\n")
+            fh.flush()
+            barrier.wait(timeout=120)
+            barrier.wait(timeout=120)
+            if claim is not None:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    assert main(["release", claim["id"]]) == 0
+
+
+def test_two_users_racing_through_ssh_storage_never_share(testbed, make_remote, tmp_path):
+    root = testbed.dir / "race-store"
+    c = make_remote(testbed, storage=f"ssh://node01{root}")
+    rounds, workers = 12, 4
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(workers + 1)
+    outs = [tmp_path / f"w{i}.jsonl" for i in range(workers)]
+    users = ["alice", "bob", "alice", "bob"]
+    procs = [
+        ctx.Process(target=_ssh_racer, args=(c.env(), users[i], rounds, barrier, str(outs[i]), i))
+        for i in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    granted_total = 0
+    try:
+        for r in range(rounds):
+            barrier.wait(timeout=120)
+            barrier.wait(timeout=120)
+            results = [json.loads(o.read_text().splitlines()[-1]) for o in outs]
+            assert all(res["round"] == r and res["rc"] in (0, 3) for res in results), results
+            won = [res["claim"] for res in results if res["rc"] == 0]
+            uuids = [u for cl in won for u in cl["gpu_uuids"]]
+            assert len(uuids) == len(set(uuids)), f"round {r}: a GPU granted twice"
+            on_disk = {json.loads(f.read_text())["id"] for f in (root / "gpus").glob("*.claim")}
+            assert on_disk == {cl["id"] for cl in won}
+            granted_total += len(won)
+            barrier.wait(timeout=120)
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    assert granted_total >= rounds
