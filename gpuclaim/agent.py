@@ -21,13 +21,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpuclaim import __version__
 from gpuclaim.errors import GpuclaimError
-from gpuclaim.model import Claim, Event
-from gpuclaim.probe.local import probe_local
-from gpuclaim.store import ClaimFile, ClaimStore
+
+if TYPE_CHECKING:
+    from gpuclaim.store import ClaimStore
+
+# Each request imports only what it needs: the agent starts once per request.
 
 AGENT_PROTOCOL = 1
 
@@ -47,6 +49,8 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe(request: dict[str, Any]) -> dict[str, Any]:
+    from gpuclaim.probe.local import probe_local
+
     inv = probe_local(
         str(request["node"]),
         tuple(request.get("nvidia_smi") or ()),
@@ -83,6 +87,8 @@ def _doctor(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _storage_facts(root: Path) -> dict[str, Any]:
+    from gpuclaim.store import ClaimStore
+
     store = ClaimStore(root)
     try:
         store.ensure()
@@ -100,6 +106,8 @@ def _version_of(argv: list[Any]) -> str:
 
 
 def _store(request: dict[str, Any]) -> Any:
+    from gpuclaim.store import ClaimStore
+
     store = ClaimStore(Path(str(request["root"])))
     method = str(request["method"])
     args = dict(request.get("args") or {})
@@ -109,15 +117,33 @@ def _store(request: dict[str, Any]) -> Any:
     return call(store, args)
 
 
+def _claim(d: dict[str, Any]) -> Any:
+    from gpuclaim.model import Claim
+
+    return Claim.from_dict(d)
+
+
+def _event(d: dict[str, Any]) -> Any:
+    from gpuclaim.model import Event
+
+    return Event.from_dict(d)
+
+
+def _claim_file(d: dict[str, Any]) -> Any:
+    from gpuclaim.store import ClaimFile
+
+    return ClaimFile.from_dict(d)
+
+
 _STORE_METHODS: dict[str, Callable[[ClaimStore, dict[str, Any]], Any]] = {
     "ensure": lambda s, a: s.ensure(),
     "now": lambda s, a: s.now(),
     "snapshot": lambda s, a: s.snapshot().to_dict(),
-    "acquire": lambda s, a: s.acquire(Claim.from_dict(a["claim"])),
+    "acquire": lambda s, a: s.acquire(_claim(a["claim"])),
     "remove_gpu": lambda s, a: s.remove_gpu(a["uuid"], a.get("claim_id"), inode=a.get("inode", 0)),
-    "quarantine_corrupt": lambda s, a: s.quarantine_corrupt(ClaimFile.from_dict(a["file"])),
-    "rewrite": lambda s, a: s.rewrite(Claim.from_dict(a["old"]), Claim.from_dict(a["new"])),
-    "append_event": lambda s, a: s.append_event(Event.from_dict(a["event"])),
+    "quarantine_corrupt": lambda s, a: s.quarantine_corrupt(_claim_file(a["file"])),
+    "rewrite": lambda s, a: s.rewrite(_claim(a["old"]), _claim(a["new"])),
+    "append_event": lambda s, a: s.append_event(_event(a["event"])),
     "read_events": lambda s, a: _events_result(s),
     "drains": lambda s, a: s.drains(),
     "set_drain": lambda s, a: s.set_drain(a["node"], a["info"]),

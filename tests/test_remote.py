@@ -185,7 +185,8 @@ def test_include_in_ssh_config_is_honoured(testbed, make_remote, tmp_path):
 def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote):
     c = make_remote(testbed)
     c.ok("status")
-    cached = list((testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim").glob("agent-*.pyz"))
+    cache = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim"
+    cached = list(cache.glob("agent-*/__main__.py"))
     assert len(cached) == 1
     first = cached[0].stat().st_mtime_ns
     c.ok("status")

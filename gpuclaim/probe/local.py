@@ -61,18 +61,20 @@ def probe_nvidia_smi(
     timeout: float = 10.0,
 ) -> NodeInventory:
     """Two queries (GPUs, compute apps) with a timeout each: nvidia-smi can hang."""
-    gpu_text = _run_smi(
-        smi,
+    queries = (
         [f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
-        env,
-        timeout,
-    )
-    app_text = _run_smi(
-        smi,
         [f"--query-compute-apps={','.join(APP_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
-        env,
-        timeout,
     )
+    # Both at once: each nvidia-smi call pays the driver's start-up on its own.
+    procs = [_start_smi(smi, q, env) for q in queries]
+    try:
+        gpu_text = _finish_smi(procs[0], timeout)
+        app_text = _finish_smi(procs[1], timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     try:
         gpus = parse_query_gpu(gpu_text, node, GPU_QUERY_FIELDS)
         procs = parse_compute_apps(app_text, APP_QUERY_FIELDS)
@@ -84,32 +86,40 @@ def probe_nvidia_smi(
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
 
 
-def _run_smi(
-    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]], timeout: float
-) -> str:
+def _start_smi(
+    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]]
+) -> subprocess.Popen[str]:
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
     try:
-        proc = subprocess.run(
+        return subprocess.Popen(
             [*smi, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
+            text=True,
+            env=full_env,
         )
-    except subprocess.TimeoutExpired as exc:
-        raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
     except OSError as exc:
         raise ProbeError(f"cannot run {smi[0]}: {exc.strerror}") from exc
+
+
+def _finish_smi(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc is not None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
     if proc.returncode != 0:
-        message = (proc.stdout + proc.stderr).strip().splitlines()
+        message = (stdout + stderr).strip().splitlines()
         first = message[0] if message else f"exit status {proc.returncode}"
-        if looks_like_no_driver(proc.stdout + proc.stderr):
+        if looks_like_no_driver(stdout + stderr):
             raise ProbeError(f"nvidia-smi cannot reach the NVIDIA driver: {first}")
         raise ProbeError(f"nvidia-smi failed: {first}")
-    return proc.stdout
+    return stdout
 
 
 def process_user(pid: int) -> Optional[str]:

@@ -36,15 +36,22 @@ class AgentClient:
         if self.agent_command:
             return self.agent_command
         version, _ = agent_bundle()
-        path = f'"$HOME/.cache/gpuclaim/agent-{version}.pyz"'
-        return f'f={path}; [ -f "$f" ] || exit {_MISSING}; exec python3 "$f"'
+        path = f'"$HOME/.cache/gpuclaim/agent-{version}"'
+        return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; exec python3 "$d"'
 
     def _upload(self, alias: str, timeout: float) -> None:
+        """Unpack the agent into a versioned directory, compiled once: a zip on the path
+        would be recompiled on every call (zipimport never caches bytecode)."""
         version, blob = agent_bundle()
-        target = shlex.quote(f"agent-{version}.pyz")
+        target = shlex.quote(f"agent-{version}")
+        unpack = shlex.quote(
+            "import io,sys,zipfile; "
+            "zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(sys.argv[1])"
+        )
         script = (
-            'd="$HOME/.cache/gpuclaim" && mkdir -p "$d" && t=$(mktemp "$d/.agent.XXXXXX") '
-            f'&& cat > "$t" && chmod 644 "$t" && mv -f "$t" "$d/"{target}'
+            'c="$HOME/.cache/gpuclaim" && mkdir -p "$c" && t=$(mktemp -d "$c/.agent.XXXXXX") '
+            f'&& python3 -c {unpack} "$t" && python3 -m compileall -q "$t" >/dev/null '
+            f'&& chmod -R go+rX "$t" && {{ mv -T "$t" "$c/"{target} 2>/dev/null || rm -rf "$t"; }}'
         )
         result = self.pool.run(alias, script, blob, timeout)
         if result.exit_code != 0:

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Cluster-view fan-out: ``gpuclaim status --json`` against the plain tools, same run, same nodes.
+
+    python bench/fanout.py [--nodes 1,4,16] [--repeat 5] [--delay-ms 0]
+
+For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`` runs:
+  seq-ssh   for h in nodes: ssh -F cfg $h nvidia-smi --query-gpu=... (the by-hand loop)
+  pdsh      pdsh -R ssh -w node[01-N] nvidia-smi ... (if pdsh is installed)
+  cold      gpuclaim status --json in a new process (new connections, agent cached)
+  warm      one more probe of all nodes on the connections a long-lived process keeps (board)
+and prints the table plus ratios. Machines are noisy: read the ratios, not lone absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from testbed import Testbed  # noqa: E402
+
+from gpuclaim.configfile import render_config  # noqa: E402
+
+QUERY = (
+    "nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu"
+    " --format=csv,noheader,nounits"
+)
+
+
+def timed(fn, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def run(argv: list[str], env: dict[str, str], lines: int) -> None:
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed: {proc.stderr.strip()[:300]}")
+    got = len(proc.stdout.strip().splitlines())
+    if lines and got < lines:
+        raise SystemExit(f"{argv[:3]}: expected {lines} lines, got {got}")
+
+
+def bench_n(n: int, repeat: int, delay_ms: int, work: Path) -> dict[str, float]:
+    tb = Testbed.up(n, gpus=4, delay_ms=delay_ms)
+    try:
+        cfg = tb.ssh_config_delayed if delay_ms else tb.ssh_config
+        env = {**os.environ, **tb.env(delayed=bool(delay_ms))}
+        home = work / f"home{n}"
+        home.mkdir(exist_ok=True)
+        config = work / f"config{n}.toml"
+        config.write_text(
+            render_config(
+                cluster="bench",
+                nodes=tb.nodes,
+                storage=str(work / f"store{n}"),
+                ssh_config=str(cfg),
+            )
+        )
+        genv = {**env, "GPUCLAIM_CONFIG": str(config), "GPUCLAIM_HOME": str(home)}
+        results: dict[str, float] = {}
+
+        def seq() -> None:
+            for node in tb.nodes:
+                run(["ssh", "-F", str(cfg), node, QUERY], env, 4)
+
+        results["seq-ssh"] = timed(seq, repeat)
+        if shutil.which("pdsh"):
+            penv = {**env, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": f"-F {cfg} %h"}
+            hosts = ",".join(tb.nodes)
+            results["pdsh"] = timed(
+                lambda: run(["pdsh", "-f", "64", "-w", hosts, QUERY], penv, 4 * n), repeat
+            )
+        gpuclaim = [sys.executable, "-m", "gpuclaim", "status", "--json"]
+        run(gpuclaim, genv, 0)  # first call sends the agent to every node; then it is cached
+        results["cold"] = timed(lambda: run(gpuclaim, genv, 4 * n), repeat)
+        results["warm"] = _warm(config, genv, repeat)
+        return results
+    finally:
+        tb.down()
+
+
+def _warm(config: Path, env: dict[str, str], repeat: int) -> float:
+    code = (
+        "import os,sys,time,statistics\n"
+        "from gpuclaim.config import load_config\n"
+        "from gpuclaim.cluster import NodeProber\n"
+        "cfg=load_config()\n"
+        "p=NodeProber(cfg); p.probe(cfg.nodes)\n"
+        "s=[]\n"
+        f"for _ in range({repeat}):\n"
+        "    t=time.perf_counter(); inv=p.probe(cfg.nodes); s.append(time.perf_counter()-t)\n"
+        "    assert all(i.reachable and not i.error for i in inv.values()), inv\n"
+        "print(statistics.median(s))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"warm probe failed: {proc.stderr[-500:]}")
+    return float(proc.stdout.strip())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="1,4,16")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--delay-ms", type=int, default=0)
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.nodes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
+        table = {n: bench_n(n, args.repeat, args.delay_ms, Path(tmp)) for n in sizes}
+    methods = list(next(iter(table.values())))
+    print(
+        f"\nfan-out, median of {args.repeat}, seconds "
+        f"(RTT {args.delay_ms} ms, {os.cpu_count()} CPUs)"
+    )
+    print("method    " + "".join(f"{'N=' + str(n):>10}" for n in sizes))
+    for m in methods:
+        print(f"{m:<10}" + "".join(f"{table[n][m]:>10.3f}" for n in sizes))
+    first, last = sizes[0], sizes[-1]
+    print("\nratios")
+    for n in sizes:
+        row = table[n]
+        parts = [f"cold/seq-ssh {row['cold'] / row['seq-ssh']:.2f}"]
+        if "pdsh" in row:
+            parts.append(f"cold/pdsh {row['cold'] / row['pdsh']:.2f}")
+        print(f"N={n:<4} " + "  ".join(parts))
+    print(f"cold N={last} / cold N={first}: {table[last]['cold'] / table[first]['cold']:.2f}")
+    print(f"warm N={last} / warm N={first}: {table[last]['warm'] / table[first]['warm']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
