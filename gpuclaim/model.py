@@ -19,7 +19,7 @@ def iso(ts: Optional[float]) -> Optional[str]:
     if ts is None:
         return None
     when = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
-    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(value: Any) -> Optional[float]:
