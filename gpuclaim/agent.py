@@ -111,6 +111,10 @@ def _store(request: dict[str, Any]) -> Any:
     store = ClaimStore(Path(str(request["root"])))
     method = str(request["method"])
     args = dict(request.get("args") or {})
+    from gpuclaim.store import PLAIN_METHODS
+
+    if method in PLAIN_METHODS:
+        return getattr(store, method)(**args)
     call = _STORE_METHODS.get(method)
     if call is None:
         raise GpuclaimError(f"agent: unknown store method {method!r}")
@@ -157,15 +161,49 @@ def _events_result(store: ClaimStore) -> dict[str, Any]:
     return {"events": [e.to_dict() for e in events], "bad": bad}
 
 
+def _launch(request: dict[str, Any]) -> Any:
+    from gpuclaim.runner import launch_rank
+
+    return launch_rank(request["spec"])
+
+
+def _stop_session(request: dict[str, Any]) -> Any:
+    from gpuclaim.runner import stop_session
+
+    return stop_session(str(request["session"]))
+
+
+def _read_log(request: dict[str, Any]) -> Any:
+    from gpuclaim.runner import read_log
+
+    return read_log(
+        str(request["path"]), int(request.get("offset", 0)), int(request.get("tail_lines", 0))
+    )
+
+
+def _node_facts(request: dict[str, Any]) -> Any:
+    from gpuclaim.runner import node_facts
+
+    return node_facts()
+
+
 _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "probe": _probe,
     "doctor": _doctor,
     "store": _store,
+    "launch": _launch,
+    "stop_session": _stop_session,
+    "read_log": _read_log,
+    "node_facts": _node_facts,
     "ping": lambda r: {"version": __version__, "time": time.time()},
 }
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "wrap":
+        from gpuclaim.runner import run_wrapper
+
+        return run_wrapper(sys.argv[2])
     raw = sys.stdin.buffer.read()
     try:
         request = json.loads(raw.decode("utf-8") or "{}")

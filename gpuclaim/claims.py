@@ -97,7 +97,7 @@ def claim_gpus(
             # with the same probe results.
             view = build_view(config, store, nodes, view.inventories)
             continue
-        store.append_event(_event("claim", claim, now))
+        store.append_event(claim_event("claim", claim, now))
         return claim
     raise ConflictError("could not claim: other claims kept winning the race; try again")
 
@@ -155,7 +155,7 @@ def release_claims(
             else:
                 kind, by = "release", None
             end = min(now, status.claim.expires)
-            store.append_event(_event(kind, status.claim, end, by=by))
+            store.append_event(claim_event(kind, status.claim, end, by=by))
             released.append(status.claim)
     return released
 
@@ -206,7 +206,7 @@ def extend_claims(
             )
         new = claim.with_expiry(new_expiry)
         store.rewrite(claim, new)
-        store.append_event(_event("extend", new, store.now()))
+        store.append_event(claim_event("extend", new, store.now()))
         result.append(new)
     return result
 
@@ -221,7 +221,7 @@ def collect_garbage(store: Store, user: str) -> GcReport:
         if _remove_claim(store, status):
             kind = "expire" if status.reason == "expired" else "reap"
             end = status.claim.expires if kind == "expire" else snap.now
-            store.append_event(_event(kind, status.claim, end, by=user, reason=status.reason))
+            store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
             (report.expired if kind == "expire" else report.incomplete).append(status.claim)
     for cf in snap.corrupt():
         if store.quarantine_corrupt(cf):
@@ -347,7 +347,7 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
         if status is not None and _remove_claim(store, status):
             kind = "expire" if status.reason == "expired" else "reap"
             end = status.claim.expires if kind == "expire" else view.snapshot.now
-            store.append_event(_event(kind, status.claim, end, by=user, reason=status.reason))
+            store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
 
 
 def _remove_claim(store: Store, status: ClaimStatus) -> bool:
@@ -408,7 +408,9 @@ def _index_list(by_index: dict[Optional[int], GpuRow]) -> str:
     return ", ".join(map(str, found)) if found else "no GPUs"
 
 
-def _event(kind: str, claim: Claim, ts: float, by: Optional[str] = None, reason: str = "") -> Event:
+def claim_event(
+    kind: str, claim: Claim, ts: float, by: Optional[str] = None, reason: str = ""
+) -> Event:
     return Event(
         ts=ts,
         type=kind,

@@ -14,10 +14,18 @@ from gpuclaim.durations import parse_duration
 from gpuclaim.errors import ConfigError, GpuclaimError
 from gpuclaim.identity import validate_name
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on the nodes' older Pythons
-    import tomli as tomllib
+
+def toml_module() -> Any:
+    """tomllib (3.11+) or tomli; imported when a file is read, so that nodes on Python 3.9
+    (which get the config as JSON from the CLI) never need it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    import tomli
+
+    return tomli
+
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 DEFAULT_IGNORED_PROCESSES = (
@@ -50,6 +58,8 @@ _DEFAULT_KEYS = {
     "probe_timeout",
     "connect_timeout",
     "deadline",
+    "kill_grace",
+    "heartbeat",
 }
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
@@ -76,6 +86,8 @@ class Limits:
     probe_timeout_s: float = 10.0  # nvidia-smi can hang
     connect_timeout_s: float = 5.0  # SSH connect, banner and auth, each
     deadline_s: float = 20.0  # a whole cluster fan-out
+    kill_grace_s: float = 30.0  # SIGTERM, then this long, then SIGKILL
+    heartbeat_s: float = 10.0  # job wrappers' sign of life; lost after 3 missed + 2 s
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,7 @@ class Config:
     agent_command: Optional[str] = None  # an installed agent instead of the one we send
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -127,13 +140,14 @@ def load_config(path: Optional[Path] = None) -> Config:
                 f"config file {cfg_path} does not exist", hint="run 'gpuclaim init' to write one"
             )
         return local_config()
+    toml = toml_module()
     try:
-        raw = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        raw = toml.loads(cfg_path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config {cfg_path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config {cfg_path}: not UTF-8 text ({exc.reason})") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except toml.TOMLDecodeError as exc:
         raise ConfigError(f"config {cfg_path}: invalid TOML: {exc}") from exc
     try:
         return parse_config(raw, cfg_path)
@@ -204,6 +218,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         agent_command=agent_command,
         limits=_limits(_table(raw, "defaults")),
         slack=_slack(_table(raw, "slack")),
+        raw=raw,
     )
 
 
@@ -252,6 +267,8 @@ def _limits(table: dict[str, Any]) -> Limits:
         probe_timeout_s=_duration(table, "probe_timeout", base.probe_timeout_s),
         connect_timeout_s=_duration(table, "connect_timeout", base.connect_timeout_s),
         deadline_s=_duration(table, "deadline", base.deadline_s),
+        kill_grace_s=_duration(table, "kill_grace", base.kill_grace_s),
+        heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
     )
 
 

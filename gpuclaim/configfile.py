@@ -59,9 +59,9 @@ def render_config(
 
 
 def validate_text(text: str, path: Optional[Path] = None) -> Config:
-    from gpuclaim.config import tomllib
+    from gpuclaim.config import toml_module
 
-    return parse_config(tomllib.loads(text), path)
+    return parse_config(toml_module().loads(text), path)
 
 
 def _toml(value: Any) -> str:

@@ -272,3 +272,145 @@ def _opt_int(value: Any) -> Optional[int]:
     if value is None or value == "":
         return None
     return int(value)
+
+
+JOB_STATES = ("queued", "starting", "running", "succeeded", "failed", "killed", "timeout", "lost")
+ACTIVE_JOB_STATES = ("queued", "starting", "running")
+
+
+@dataclass(frozen=True)
+class JobRank:
+    """One node's part of a job: its GPUs, its claim, its tmux session's outcome."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    claim_id: Optional[str] = None
+    state: str = "starting"
+    exit_code: Optional[int] = None
+    log: Optional[str] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        d["gpu_uuids"] = list(self.gpu_uuids)
+        d["started"] = iso(self.started)
+        d["ended"] = iso(self.ended)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobRank:
+        return cls(
+            rank=int(d["rank"]),
+            node=str(d["node"]),
+            gpus=tuple(int(i) for i in d.get("gpus") or ()),
+            gpu_uuids=tuple(str(u) for u in d.get("gpu_uuids") or ()),
+            claim_id=d.get("claim_id"),
+            state=str(d.get("state", "starting")),
+            exit_code=_opt_int(d.get("exit_code")),
+            log=d.get("log"),
+            started=parse_iso(d.get("started")),
+            ended=parse_iso(d.get("ended")),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A command run in tmux on one or more nodes with pinned GPUs (or waiting in the queue)."""
+
+    id: str
+    name: str
+    user: str
+    argv: tuple[str, ...]
+    state: str
+    submitted: float
+    time_limit_s: float
+    gpus_per_node: int = 1
+    nodes_wanted: int = 1
+    node: Optional[str] = None  # pinned with --node
+    workdir: Optional[str] = None
+    env: tuple[tuple[str, str], ...] = ()
+    kind: str = "batch"  # batch, shell, notebook
+    visible_as: str = "index"  # or "uuid": what CUDA_VISIBLE_DEVICES lists
+    ranks: tuple[JobRank, ...] = ()
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    exit_code: Optional[int] = None
+    reason: str = ""
+    stop_requested: Optional[str] = None  # "kill" or "timeout" once someone asked it to stop
+    port: Optional[int] = None  # notebook port
+
+    @property
+    def session(self) -> str:
+        return f"gc-{self.user}-{self.name}"
+
+    @property
+    def ends(self) -> Optional[float]:
+        return None if self.started is None else self.started + self.time_limit_s
+
+    def with_(self, **changes: Any) -> Job:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.ranks[0] if self.ranks else None
+        return {
+            "id": self.id,
+            "name": self.name,
+            "user": self.user,
+            "node": first.node if first else self.node,
+            "nodes": [r.node for r in self.ranks],
+            "gpus": list(first.gpus) if first else [],
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "session": self.session,
+            "log": first.log if first else None,
+            "submitted": iso(self.submitted),
+            "started": iso(self.started),
+            "ends": iso(self.ends),
+            "ended": iso(self.ended),
+            "time_limit_s": self.time_limit_s,
+            "argv": list(self.argv),
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "kind": self.kind,
+            "visible_as": self.visible_as,
+            "gpus_per_node": self.gpus_per_node,
+            "nodes_wanted": self.nodes_wanted,
+            "pinned_node": self.node,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "reason": self.reason,
+            "stop_requested": self.stop_requested,
+            "port": self.port,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        submitted = parse_iso(d["submitted"])
+        if submitted is None:
+            raise ValueError("job without submitted time")
+        return cls(
+            id=str(d["id"]),
+            name=str(d["name"]),
+            user=str(d["user"]),
+            argv=tuple(str(a) for a in d["argv"]),
+            state=str(d["state"]),
+            submitted=submitted,
+            time_limit_s=float(d["time_limit_s"]),
+            gpus_per_node=int(d.get("gpus_per_node", 1)),
+            nodes_wanted=int(d.get("nodes_wanted", 1)),
+            node=d.get("pinned_node"),
+            workdir=d.get("workdir"),
+            env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
+            kind=str(d.get("kind", "batch")),
+            visible_as=str(d.get("visible_as", "index")),
+            ranks=tuple(JobRank.from_dict(r) for r in d.get("ranks") or ()),
+            started=parse_iso(d.get("started")),
+            ended=parse_iso(d.get("ended")),
+            exit_code=_opt_int(d.get("exit_code")),
+            reason=str(d.get("reason") or ""),
+            stop_requested=d.get("stop_requested"),
+            port=_opt_int(d.get("port")),
+        )

@@ -49,7 +49,36 @@ LAYOUT_VERSION = 1
 INCOMPLETE_GRACE_S = 60.0  # an incomplete claim older than this is abandoned
 LOCK_BREAK_S = 30.0  # a removal lock older than this is broken (its holder died)
 LOCK_WAIT_S = 10.0
-_SUBDIRS = ("gpus", "locks", "events", "drain", "tmp", "trash", "corrupt", "queue")
+JOB_START_GRACE_S = 120.0  # a job's claim with no heartbeat yet: the launch is under way
+_SUBDIRS = (
+    "gpus",
+    "locks",
+    "events",
+    "drain",
+    "tmp",
+    "trash",
+    "corrupt",
+    "queue",
+    "jobs",
+    "beats",
+)
+# Store methods whose arguments and results are plain JSON: the agent serves them by name
+# and RemoteStore forwards them as they are.
+PLAIN_METHODS = frozenset(
+    {
+        "create_job",
+        "load_job_dict",
+        "list_job_dicts",
+        "update_job",
+        "beat",
+        "drop_beat",
+        "enqueue",
+        "queue_entries",
+        "take_queue_entry",
+        "return_queue_entry",
+        "finish_queue_entry",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -168,6 +197,24 @@ class Store(Protocol):
     def set_drain(self, node: str, info: dict[str, Any]) -> None: ...
     def clear_drain(self, node: str) -> bool: ...
     def sweep(self, max_age_s: float = 3600.0) -> int: ...
+    def create_job(self, job: dict[str, Any]) -> None: ...
+    def load_job_dict(self, job_id: str) -> Optional[dict[str, Any]]: ...
+    def list_job_dicts(self) -> list[dict[str, Any]]: ...
+    def update_job(
+        self,
+        job_id: str,
+        changes: dict[str, Any],
+        only_from: Optional[list[str]] = None,
+        rank: Optional[int] = None,
+        rank_changes: Optional[dict[str, Any]] = None,
+    ) -> dict[str, Any]: ...
+    def beat(self, claim_id: str, interval: float) -> None: ...
+    def drop_beat(self, claim_id: str) -> None: ...
+    def enqueue(self, job_id: str) -> str: ...
+    def queue_entries(self) -> list[str]: ...
+    def take_queue_entry(self, name: str) -> bool: ...
+    def return_queue_entry(self, name: str) -> None: ...
+    def finish_queue_entry(self, name: str) -> None: ...
 
 
 class ClaimStore:
@@ -188,7 +235,10 @@ class ClaimStore:
                 _mkdir_shared(self.root / sub)
             version = self.root / "VERSION"
             if not version.exists():
-                self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
+                try:
+                    self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
+                except FileExistsError:
+                    pass  # another process made the store at the same moment
         except OSError as exc:
             raise StoreError(
                 f"cannot use storage {self.root}: {exc.strerror or exc}",
@@ -248,9 +298,27 @@ class ClaimStore:
             cf = self._read_claim_file(gpus_dir / name)
             if cf is not None:
                 snap.files[cf.uuid] = cf
-        snap.claims = self._judge(snap.files, now)
+        snap.claims = self._judge(snap.files, now, self._beats())
         snap.drains = self.drains()
         return snap
+
+    def _beats(self) -> dict[str, tuple[float, float]]:
+        """{claim id: (last beat, interval)} from the job wrappers' heartbeat files."""
+        beats: dict[str, tuple[float, float]] = {}
+        directory = self._p("beats")
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return beats
+        for name in names:
+            try:
+                with open(directory / name, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    interval = float(json.loads(fh.read(4096) or b"{}").get("interval", 10))
+            except (OSError, ValueError, AttributeError):
+                continue
+            beats[name] = (st.st_mtime, interval)
+        return beats
 
     def _read_claim_file(self, path: Path) -> Optional[ClaimFile]:
         gpu_uuid = path.name[: -len(".claim")]
@@ -270,7 +338,12 @@ class ClaimStore:
             return ClaimFile(gpu_uuid, path, st.st_mtime, st.st_ino, error=f"corrupt: {exc}")
         return ClaimFile(gpu_uuid, path, st.st_mtime, st.st_ino, claim=claim)
 
-    def _judge(self, files: dict[str, ClaimFile], now: float) -> dict[str, ClaimStatus]:
+    def _judge(
+        self,
+        files: dict[str, ClaimFile],
+        now: float,
+        beats: Optional[dict[str, tuple[float, float]]] = None,
+    ) -> dict[str, ClaimStatus]:
         by_id: dict[str, list[ClaimFile]] = {}
         for f in files.values():
             if f.claim is not None:
@@ -287,6 +360,8 @@ class ClaimStore:
                     result[claim_id] = ClaimStatus(claim, "stale", "incomplete", present)
             elif now >= claim.expires:
                 result[claim_id] = ClaimStatus(claim, "stale", "expired", present)
+            elif claim.job and _job_lost(claim, (beats or {}).get(claim.id), now):
+                result[claim_id] = ClaimStatus(claim, "stale", "job lost", present)
             else:
                 result[claim_id] = ClaimStatus(claim, "claimed", "", present)
         return result
@@ -445,6 +520,118 @@ class ClaimStore:
         except FileNotFoundError:
             return False
 
+    # -- jobs ---------------------------------------------------------------------------------
+    def create_job(self, job: dict[str, Any]) -> None:
+        """Publish a new job record; its id must be new."""
+        tmp = self._stage(_encode(job))
+        try:
+            if not _link_exclusive(tmp, self._p("jobs", f"{job['id']}.json")):
+                raise ConflictError(f"job {job['id']} exists already")
+        finally:
+            _unlink_quiet(tmp)
+
+    def load_job_dict(self, job_id: str) -> Optional[dict[str, Any]]:
+        path = self._p("jobs", f"{_safe(job_id)}.json")
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise StoreError(f"job record {path} is damaged: {exc}") from exc
+        return data if isinstance(data, dict) else None
+
+    def list_job_dicts(self) -> list[dict[str, Any]]:
+        """Every readable job record (a damaged one is skipped, not fatal)."""
+        result = []
+        try:
+            names = os.listdir(self._p("jobs"))
+        except FileNotFoundError:
+            return result
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                data = json.loads(self._p("jobs", name).read_bytes().decode("utf-8"))
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(data, dict):
+                result.append(data)
+        return result
+
+    def update_job(
+        self,
+        job_id: str,
+        changes: dict[str, Any],
+        only_from: Optional[list[str]] = None,
+        rank: Optional[int] = None,
+        rank_changes: Optional[dict[str, Any]] = None,
+    ) -> dict[str, Any]:
+        """Apply ``changes`` (top-level keys of the job's JSON) and ``rank_changes`` (keys of
+        one rank) under the job's lock, only if its state is in ``only_from``.
+        Returns {"job": the record after, "applied": bool}."""
+        lock_name = f"job-{_safe(job_id)}"
+        with self.gpu_lock(lock_name):
+            current = self.load_job_dict(job_id)
+            if current is None:
+                raise StoreError(f"no job record {job_id}")
+            if only_from is not None and current.get("state") not in only_from:
+                return {"job": current, "applied": False}
+            updated = dict(current, **changes)
+            if rank is not None and rank_changes:
+                updated["ranks"] = [
+                    dict(r, **rank_changes) if r.get("rank") == rank else r
+                    for r in updated.get("ranks") or []
+                ]
+            tmp = self._stage(_encode(updated))
+            try:
+                os.rename(tmp, self._p("jobs", f"{_safe(job_id)}.json"))
+            except OSError as exc:
+                _unlink_quiet(tmp)
+                raise StoreError(f"cannot update job {job_id}: {exc.strerror}") from exc
+            return {"job": updated, "applied": True}
+
+    def beat(self, claim_id: str, interval: float) -> None:
+        """A job wrapper's sign of life for its claim (the file's mtime is the storage clock)."""
+        path = self._p("beats", _safe(claim_id))
+        tmp = self._stage(_encode({"interval": interval, "host": self.host, "pid": os.getpid()}))
+        os.rename(tmp, path)
+
+    def drop_beat(self, claim_id: str) -> None:
+        _unlink_quiet(self._p("beats", _safe(claim_id)))
+
+    # -- queue --------------------------------------------------------------------------------
+    def enqueue(self, job_id: str) -> str:
+        """Append a job to the queue; names sort in submission order (storage clock)."""
+        name = f"{self.now():017.6f}-{_safe(job_id)}"
+        tmp = self._stage(b"{}\n")
+        os.rename(tmp, self._p("queue", name))
+        return name
+
+    def queue_entries(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self._p("queue")) if not n.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def take_queue_entry(self, name: str) -> bool:
+        """Take an entry for dispatch; rename is atomic, so one dispatcher wins."""
+        try:
+            os.rename(self._p("queue", _safe(name)), self._p("queue", f".taken-{_safe(name)}"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def return_queue_entry(self, name: str) -> None:
+        """Put a taken entry back at its place (its name keeps its position)."""
+        try:
+            os.rename(self._p("queue", f".taken-{_safe(name)}"), self._p("queue", _safe(name)))
+        except FileNotFoundError:
+            pass
+
+    def finish_queue_entry(self, name: str) -> None:
+        _unlink_quiet(self._p("queue", f".taken-{_safe(name)}"))
+        _unlink_quiet(self._p("queue", _safe(name)))
+
     # -- drains -------------------------------------------------------------------------------
     def drains(self) -> dict[str, dict[str, Any]]:
         result: dict[str, dict[str, Any]] = {}
@@ -557,6 +744,21 @@ class ClaimStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _job_lost(claim: Claim, beat: Optional[tuple[float, float]], now: float) -> bool:
+    """A job's claim whose wrapper stopped beating (node rebooted, tmux killed) is lost."""
+    if beat is None:
+        return now - claim.since > JOB_START_GRACE_S
+    last, interval = beat
+    return now - last > 3 * interval + 2
+
+
+def _safe(name: str) -> str:
+    """Ids and names become file names: nothing that could climb out of the directory."""
+    if not name or "/" in name or name.startswith(".") or "\0" in name:
+        raise StoreError(f"invalid id {name!r}")
+    return name
 
 
 def new_claim_id() -> str:

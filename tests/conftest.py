@@ -64,7 +64,13 @@ class CliDriver:
         return proc.stdout
 
     def json(self, *args: str, user: str = "alice", expect: int = 0) -> Any:
-        proc = self.cli(*args, "--json", user=user)
+        # --json belongs to gpuclaim, before a job's own "-- CMD ARGS"
+        if "--" in args:
+            cut = args.index("--")
+            args = (*args[:cut], "--json", *args[cut:])
+        else:
+            args = (*args, "--json")
+        proc = self.cli(*args, user=user)
         assert proc.returncode == expect, f"{args} -> {proc.returncode}: {proc.stderr}"
         return json.loads(proc.stdout)
 

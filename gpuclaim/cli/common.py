@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
 
     from gpuclaim.cluster import NodeProber
     from gpuclaim.config import Config
+    from gpuclaim.jobs import NodeOps
     from gpuclaim.store import Store
 
 
@@ -49,6 +50,23 @@ class AppState:
 
             self._prober = NodeProber(self.config)
         return self._prober
+
+    @property
+    def ops(self) -> NodeOps:
+        from gpuclaim.jobs import NodeOps
+
+        return NodeOps(self.config, self.prober)
+
+    def dispatch_quietly(self) -> None:
+        """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon."""
+        from gpuclaim.errors import GpuclaimError
+        from gpuclaim.jobs import dispatch_queue
+
+        try:
+            if self.store.queue_entries():
+                dispatch_queue(self.config, self.store, self.prober, self.ops)
+        except GpuclaimError as exc:
+            err().print(f"warning: could not start queued jobs: {exc}")
 
     @property
     def store(self) -> Store:

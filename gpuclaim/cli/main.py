@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from gpuclaim import __version__
-from gpuclaim.cli import admin, claim, history, setup, status
+from gpuclaim.cli import admin, claim, history, jobs, setup, status
 from gpuclaim.cli.common import AppState
 from gpuclaim.errors import ExitCode, GpuclaimError
 
@@ -55,6 +55,13 @@ app.command("ls", hidden=True)(status.status)
 app.command("claim")(claim.claim)
 app.command("release")(claim.release)
 app.command("extend")(claim.extend)
+app.command("run", context_settings=jobs.RUN_CONTEXT)(jobs.run)
+app.command("jobs")(jobs.jobs)
+app.command("logs")(jobs.logs)
+app.command("attach")(jobs.attach)
+app.command("kill")(jobs.kill)
+app.command("shell")(jobs.shell)
+app.command("notebook")(jobs.notebook)
 app.command("history")(history.history)
 app.command("gc")(admin.gc)
 app.command("drain")(admin.drain)

@@ -121,6 +121,47 @@ def doctor_table(report: Sequence[NodeHealth]) -> Table:
     return table
 
 
+JOB_STYLE = {
+    "running": "green",
+    "starting": "green",
+    "queued": "yellow",
+    "succeeded": "dim green",
+    "failed": "red",
+    "timeout": "magenta",
+    "killed": "dim",
+    "lost": "bold red",
+}
+
+
+def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
+    from gpuclaim.model import parse_iso
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT", "COMMAND"):
+        table.add_column(col, no_wrap=col != "COMMAND", overflow="fold")
+    for d in rows:
+        state = d["state"]
+        if state == "queued" and d.get("queue_position"):
+            state = f"queued #{d['queue_position']}"
+        started = parse_iso(d.get("started"))
+        ends = parse_iso(d.get("ends"))
+        left = format_duration(ends - now) if ends and d["state"] == "running" else ""
+        nodes = ",".join(d.get("nodes") or []) or (d.get("pinned_node") or "")
+        gpus = ",".join(map(str, d.get("gpus") or [])) or str(d.get("gpus_per_node", ""))
+        table.add_row(
+            d["name"],
+            d["user"],
+            nodes,
+            gpus,
+            Text(state, style=JOB_STYLE.get(d["state"], "")),
+            "" if d.get("exit_code") is None else str(d["exit_code"]),
+            _clock(started) if started else "",
+            left,
+            Text(" ".join(d.get("argv") or [])[:80]),
+        )
+    return table
+
+
 def _left(claim: Optional[Claim], now: float) -> str:
     if claim is None:
         return ""

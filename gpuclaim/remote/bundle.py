@@ -12,19 +12,20 @@ from pathlib import Path
 from gpuclaim import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
-# Node-side modules: standard library only (checked by tests on the nodes' python3).
-AGENT_MODULES = (
-    "__init__.py",
-    "agent.py",
-    "errors.py",
-    "identity.py",
-    "model.py",
-    "store.py",
-    "probe/__init__.py",
-    "probe/local.py",
-    "probe/nvml.py",
-    "probe/smi_parse.py",
-)
+
+
+def _agent_modules() -> tuple[str, ...]:
+    """Everything but the faces (cli, board): the core is standard library only, so the
+    node runs the same code as the laptop (probe, store, jobs, queue dispatch)."""
+    names = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if rel.split("/", 1)[0] in ("cli", "board"):
+            continue
+        names.append(rel)
+    return tuple(names)
+
+
 _MAIN = b"import sys\nfrom gpuclaim.agent import main\nsys.exit(main())\n"
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
@@ -32,7 +33,7 @@ _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 @lru_cache(maxsize=1)
 def agent_bundle() -> tuple[str, bytes]:
     """(version, zip bytes); the version changes whenever any bundled file does."""
-    files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in AGENT_MODULES}
+    files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in _agent_modules()}
     files["__main__.py"] = _MAIN
     digest = hashlib.sha256()
     for name in sorted(files):

@@ -228,9 +228,12 @@ def _exec(conn: Any, command: str, stdin: Optional[bytes], timeout: float) -> Co
     try:
         chan.settimeout(timeout)
         chan.exec_command(command)
-        if stdin:
-            chan.sendall(stdin)
-        chan.shutdown_write()
+        try:
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+        except OSError:
+            pass  # the command exited without reading its input: its exit status says why
         stdout = _read_all(chan.recv, deadline)
         stderr = _read_all(chan.recv_stderr, deadline)
         if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):

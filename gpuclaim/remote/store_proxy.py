@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from gpuclaim.errors import ConfigError
 from gpuclaim.model import Claim, Event
 from gpuclaim.remote.agent_client import AgentClient
-from gpuclaim.store import ClaimFile, Snapshot
+from gpuclaim.store import PLAIN_METHODS, ClaimFile, Snapshot
 
 
 def parse_storage_url(url: str) -> tuple[str, str]:
@@ -41,6 +41,12 @@ class RemoteStore:
     def _call(self, method: str, **args: Any) -> Any:
         request = {"op": "store", "root": str(self.root), "method": method, "args": args}
         return self.agent.call(self.host_alias, request, self.timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        # Job and queue methods take and return plain JSON: forwarded by name.
+        if name in PLAIN_METHODS:
+            return lambda **kwargs: self._call(name, **kwargs)
+        raise AttributeError(name)
 
     def ensure(self) -> None:
         self._call("ensure")

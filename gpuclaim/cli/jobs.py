@@ -1,0 +1,313 @@
+"""``run``, ``jobs``, ``logs``, ``attach``, ``kill``, ``shell``, ``notebook``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from gpuclaim.cli.common import AppState, err, out, print_json, state
+from gpuclaim.durations import parse_duration
+from gpuclaim.errors import ExitCode, GpuclaimError, UsageError
+
+RUN_CONTEXT = {"allow_interspersed_args": False}  # everything after the command is its own
+
+
+def run(
+    ctx: typer.Context,
+    command: list[str] = typer.Argument(..., metavar="-- CMD [ARG]...", show_default=False),
+    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs (per node)."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes, for a gang job (torchrun)."),
+    node: Optional[str] = typer.Option(None, "--node", help="Run on this node."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (unique among yours)."),
+    time_: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: 30m, 8h, 2d."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-C", help="Directory to run in."),
+    env: Optional[list[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Env var."),
+    uuids: bool = typer.Option(False, "--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs."),
+    queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
+    wait: bool = typer.Option(False, "--wait", help="Queue it and wait until it starts."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+) -> None:
+    """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free)."""
+    from gpuclaim.jobs import RunRequest
+
+    st = state(ctx)
+    req = RunRequest(
+        user=st.user,
+        argv=tuple(command),
+        name=name,
+        count=count,
+        nodes=nodes,
+        node=node,
+        time_s=parse_duration(time_) if time_ else None,
+        workdir=workdir,
+        env=_parse_env(env or []),
+        visible_as="uuid" if uuids else "index",
+        queue=queue or wait,
+    )
+    _submit_and_report(st, req, wait, as_json)
+
+
+def _submit_and_report(st: AppState, req: Any, wait: bool, as_json: bool) -> Any:
+    from gpuclaim.jobs import submit_job
+
+    job = submit_job(st.config, st.store, req, st.prober, st.ops)
+    if wait and job.state == "queued":
+        job = _wait_until_started(st, job)
+    if as_json:
+        print_json(job.to_dict())
+    else:
+        _print_job_started(job)
+    if job.state in ("failed", "killed"):
+        raise typer.Exit(ExitCode.ERROR)
+    return job
+
+
+def _wait_until_started(st: AppState, job: Any) -> Any:
+    from gpuclaim.jobs import dispatch_queue, find_job, queue_positions
+
+    console = err()
+    live = console.is_terminal
+    status_ctx = console.status("waiting in the queue") if live else None
+    last_position = None
+    try:
+        if status_ctx is not None:
+            status_ctx.__enter__()
+        while True:
+            dispatch_queue(st.config, st.store, st.prober, st.ops)
+            job = find_job(st.store, job.user, job.id, active_only=False)
+            if job.state != "queued":
+                return job
+            position = queue_positions(st.store).get(job.id)
+            if position != last_position:
+                text = f"{job.name}: waiting in the queue, position {position}"
+                if status_ctx is not None:
+                    status_ctx.update(text)
+                else:
+                    console.print(text)
+                last_position = position
+            time.sleep(2.0)
+    except KeyboardInterrupt:
+        console.print(f"still queued: {job.name} (gpuclaim kill {job.name} to remove it)")
+        raise typer.Exit(130) from None
+    finally:
+        if status_ctx is not None:
+            status_ctx.__exit__(None, None, None)
+
+
+def _print_job_started(job: Any) -> None:
+    console = out()
+    if job.state == "queued":
+        console.print(f"Queued {job.name}: it starts when its GPUs are free (gpuclaim jobs).")
+        return
+    where = "; ".join(f"{r.node} GPU {','.join(map(str, r.gpus))}" for r in job.ranks)
+    console.print(f"Started {job.name} on {where} ({job.state}), tmux session {job.session}.")
+    console.print(f"  logs:   gpuclaim logs {job.name} -f")
+    console.print(f"  attach: gpuclaim attach {job.name}")
+
+
+def jobs(
+    ctx: typer.Context,
+    show_all: bool = typer.Option(False, "--all", help="Include ended jobs of everyone."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List jobs: running and queued ones of everyone, and your recent ones."""
+    from gpuclaim.cli.render import jobs_table
+    from gpuclaim.jobs import ACTIVE_JOB_STATES, load_jobs, observed_state, queue_positions
+
+    st = state(ctx)
+    st.dispatch_quietly()
+    store = st.store
+    snap = store.snapshot()
+    positions = queue_positions(store)
+    day_ago = snap.now - 86400
+    rows = []
+    for job in load_jobs(store):
+        visible = (
+            show_all
+            or job.state in ACTIVE_JOB_STATES
+            or (job.user == st.user and (job.ended or job.submitted) >= day_ago)
+        )
+        if not visible:
+            continue
+        d = job.to_dict()
+        d["state"] = observed_state(job, snap.claims)
+        d["queue_position"] = positions.get(job.id)
+        rows.append(d)
+    if as_json:
+        print_json(rows)
+    else:
+        out().print(jobs_table(rows, snap.now))
+
+
+def logs(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Job name or id."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until it ends."),
+    lines: int = typer.Option(50, "-n", "--lines", min=0, help="Last lines to show (0: all)."),
+    rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
+) -> None:
+    """Show a job's output (from the log file on its node)."""
+    from gpuclaim.jobs import FINAL_STATES, find_job
+
+    st = state(ctx)
+    job = find_job(st.store, st.user, name)
+    if rank >= len(job.ranks) or not job.ranks[rank].log:
+        raise GpuclaimError(f"job {job.name} has no log yet ({job.state})")
+    r = job.ranks[rank]
+    node = st.config.node(r.node)
+    chunk = (
+        st.ops.read_log(node, r.log or "", tail=lines)
+        if lines
+        else st.ops.read_log(node, r.log or "")
+    )
+    _write(chunk["data"])
+    offset = chunk["offset"]
+    while follow:
+        job = find_job(st.store, st.user, job.id, active_only=False)
+        chunk = st.ops.read_log(node, r.log or "", offset=offset)
+        _write(chunk["data"])
+        offset = chunk["offset"]
+        if job.state in FINAL_STATES and not chunk["data"]:
+            break
+        time.sleep(1.0)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def attach(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Job name or id."),
+    rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
+) -> None:
+    """Attach to a job's tmux session (detach again with Ctrl-b d)."""
+    from gpuclaim.jobs import find_job
+
+    st = state(ctx)
+    job = find_job(st.store, st.user, name)
+    if job.state not in ("running", "starting"):
+        raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
+    argv = attach_argv(st, job.ranks[rank].node, job.session)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+
+
+def attach_argv(st: AppState, node_name: str, session: str) -> list[str]:
+    node = st.config.node(node_name)
+    tmux = ["tmux", "attach-session", "-t", f"={session}"]
+    if node.transport == "local":
+        return tmux
+    argv = ["ssh", "-t"]
+    if st.config.ssh_config_path:
+        argv += ["-F", str(st.config.ssh_config_path)]
+    return [*argv, node.host, " ".join(shlex.quote(a) for a in tmux)]
+
+
+def kill(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Job name or id."),
+    force: bool = typer.Option(False, "--force", help="Another user's job (logged)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+) -> None:
+    """Stop a job on all its nodes (TERM, then KILL), or take it out of the queue."""
+    from gpuclaim.jobs import kill_job
+
+    st = state(ctx)
+    job = kill_job(
+        st.config,
+        st.store,
+        st.user,
+        name,
+        st.ops,
+        force=force,
+        wait_s=st.config.limits.kill_grace_s + 15,
+    )
+    if as_json:
+        print_json(job.to_dict())
+    else:
+        out().print(f"{job.name}: {job.state}.")
+
+
+def shell(
+    ctx: typer.Context,
+    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
+    node: Optional[str] = typer.Option(None, "--node", help="On this node."),
+    time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Session name."),
+) -> None:
+    """An interactive shell on a node with GPUs pinned; it ends at its time limit."""
+    from gpuclaim.jobs import RunRequest
+
+    st = state(ctx)
+    req = RunRequest(
+        user=st.user,
+        argv=("<shell>",),
+        name=name or f"shell-{os.urandom(2).hex()}",
+        count=count,
+        node=node,
+        time_s=parse_duration(time_),
+        kind="shell",
+    )
+    job = _submit_and_report(st, req, wait=False, as_json=False)
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        argv = attach_argv(st, job.ranks[0].node, job.session)
+        os.execvp(argv[0], argv)
+
+
+def notebook(
+    ctx: typer.Context,
+    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
+    node: Optional[str] = typer.Option(None, "--node", help="On this node."),
+    time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name."),
+) -> None:
+    """Jupyter on a node with GPUs pinned, until its time limit; prints the ssh tunnel."""
+    from gpuclaim.jobs import RunRequest, find_job
+
+    st = state(ctx)
+    req = RunRequest(
+        user=st.user,
+        argv=("<notebook>",),
+        name=name or f"notebook-{os.urandom(2).hex()}",
+        count=count,
+        node=node,
+        time_s=parse_duration(time_),
+        kind="notebook",
+    )
+    job = _submit_and_report(st, req, wait=False, as_json=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job = find_job(st.store, st.user, job.id, active_only=False)
+        if job.port or job.state not in ("starting", "running"):
+            break
+        time.sleep(0.5)
+    if job.state not in ("starting", "running"):
+        raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
+    host = st.config.node(job.ranks[0].node).host
+    out().print(
+        f"Jupyter on {job.ranks[0].node}:{job.port}. Open a tunnel and browse:\n"
+        f"  ssh -N -L {job.port}:localhost:{job.port} {host}\n"
+        f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
+    )
+
+
+def _parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    result = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if (
+            not sep
+            or not key
+            or not (key[0].isalpha() or key[0] == "_")
+            or not all(ch.isalnum() or ch == "_" for ch in key)
+        ):
+            raise UsageError(f"--env wants NAME=VALUE with a valid variable name, got {item!r}")
+        result.append((key, value))
+    return tuple(result)

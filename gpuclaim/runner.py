@@ -1,0 +1,442 @@
+"""Node side of jobs: start a rank in tmux, and the wrapper that runs it to the end.
+
+The wrapper runs inside the tmux session and owns the job's life: it pins the GPUs (checked
+by UUID), runs the command with its argv untouched (no shell anywhere), copies its output to
+the log, enforces the time limit (TERM, grace, KILL), beats a heartbeat, records the exit
+status, releases the claim, and starts queued jobs that now fit on this node. The laptop may
+be closed the whole time. Standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuclaim.errors import ConflictError, GpuclaimError
+
+FINAL_RANK_STATES = ("succeeded", "failed", "killed", "timeout", "lost")
+POLL_S = 0.5
+
+
+def jobs_home() -> Path:
+    return Path(os.environ.get("GPUCLAIM_JOBS_DIR") or Path.home() / ".gpuclaim" / "jobs")
+
+
+def agent_entry() -> list[str]:
+    """How to start this same code again: the unpacked agent dir, or the installed package."""
+    package_dir = Path(__file__).resolve().parent
+    bundle_main = package_dir.parent / "__main__.py"
+    if bundle_main.exists() and (package_dir.parent / "gpuclaim").is_dir():
+        return [sys.executable, str(package_dir.parent)]
+    return [sys.executable, "-m", "gpuclaim.agent"]
+
+
+def tmux_binary() -> str:
+    path = shutil.which("tmux")
+    if path is None:
+        raise GpuclaimError("tmux is not installed on this node (apt-get install tmux)")
+    return path
+
+
+def has_session(session: str) -> bool:
+    # '=name' matches exactly; a bare name would match any session it is a prefix of.
+    proc = subprocess.run(
+        [tmux_binary(), "has-session", "-t", f"={session}"], capture_output=True, timeout=10
+    )
+    return proc.returncode == 0
+
+
+def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start the tmux session of one rank; the wrapper inside takes it from there."""
+    job = spec["job"]
+    rank = int(spec["rank"])
+    session = str(spec["session"])
+    tmux = tmux_binary()
+    if has_session(session):
+        raise ConflictError(f"a tmux session {session} is already running on this node")
+    job_dir = jobs_home() / str(job["id"]) / f"rank{rank}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = job_dir / "spec.json"
+    log_path = job_dir / "output.log"
+    spec = dict(spec, log=str(log_path))
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    log_path.touch()
+    command = "exec " + " ".join(shlex.quote(a) for a in [*agent_entry(), "wrap", str(spec_path)])
+    proc = subprocess.run(
+        [tmux, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=str(Path.home()),
+    )
+    if proc.returncode != 0:
+        raise GpuclaimError(f"tmux could not start {session}: {proc.stderr.strip()}")
+    return {"session": session, "log": str(log_path), "host": socket.gethostname()}
+
+
+def stop_session(session: str) -> bool:
+    """Kill a tmux session and every process in its panes (kill-session alone only sends
+    SIGHUP, which a job may ignore)."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        return False
+    panes = subprocess.run(
+        [tmux, "list-panes", "-s", "-t", f"={session}", "-F", "#{pane_pid}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if panes.returncode != 0:
+        return False
+    pids = [int(p) for p in panes.stdout.split() if p.isdigit()]
+    for pid in pids:
+        _signal_tree(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    subprocess.run([tmux, "kill-session", "-t", f"={session}"], capture_output=True, timeout=10)
+    for pid in pids:
+        _signal_tree(pid, signal.SIGKILL)
+    return True
+
+
+def read_log(path: str, offset: int = 0, tail_lines: int = 0, limit: int = 1 << 20) -> dict:
+    """A slice of a log: from ``offset``, or its last ``tail_lines`` lines."""
+    p = Path(path)
+    # Only our own job logs: this op must not become a way to read any file on the node.
+    if not p.resolve().is_relative_to(jobs_home().resolve()) or not p.is_file():
+        raise GpuclaimError(f"no job log at {path}")
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        if tail_lines:
+            start = max(0, size - limit)
+            fh.seek(start)
+            data = fh.read()
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-tail_lines:])
+        else:
+            fh.seek(min(offset, size))
+            data = fh.read(limit)
+    return {
+        "data": data.decode("utf-8", "replace"),
+        "offset": size if tail_lines else min(offset, size) + len(data),
+        "size": size,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_facts() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "port": free_port(),
+        "jupyter": shutil.which("jupyter"),
+        "shell": os.environ.get("SHELL") or "/bin/bash",
+    }
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Signal a pane's process and every process group below it (jobs start their own)."""
+    children = _children_of(pid)
+    for child in children:
+        try:
+            os.killpg(child, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(child, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _children_of(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+# -- the wrapper ---------------------------------------------------------------------------------
+
+
+class Wrapper:
+    """Runs one rank of a job from its spec file to the recorded end."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from gpuclaim.model import Job
+        from gpuclaim.store import ClaimStore
+
+        self.spec = spec
+        self.job = Job.from_dict(spec["job"])
+        self.rank = int(spec["rank"])
+        self.me = self.job.ranks[self.rank]
+        self.store = ClaimStore(Path(spec["store_root"]))
+        self.beat_s = float(spec.get("beat_s", 5.0))
+        self.grace_s = float(spec.get("grace_s", 30.0))
+        self.log_path = Path(spec["log"])
+        self.stop_reason: Optional[str] = None
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.interactive = self.job.kind == "shell"
+
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, self._on_hangup)
+        signal.signal(signal.SIGTERM, self._on_hangup)
+        log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
+        try:
+            self._beat()
+            env, error = self._environment()
+            if error:
+                log.write(f"gpuclaim: {error}\n".encode())
+                return self._finish("failed", None, error)
+            return self._supervise(env, log)
+        except Exception as exc:  # the claim must be released whatever went wrong
+            log.write(f"gpuclaim: wrapper error: {exc}\n".encode())
+            return self._finish("failed", None, f"wrapper error: {exc}")
+        finally:
+            log.close()
+
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        # The tmux session or server went away: stop the job rather than leave it unmanaged.
+        self.stop_reason = self.stop_reason or "killed"
+
+    def _environment(self) -> tuple[dict[str, str], Optional[str]]:
+        from gpuclaim.probe.local import probe_local
+
+        node_env = dict(self.spec.get("node_env") or {})
+        inventory = probe_local(
+            self.me.node,
+            tuple(self.spec.get("nvidia_smi") or ()),
+            node_env,
+            float(self.spec.get("probe_timeout", 10.0)),
+        )
+        if inventory.error:
+            return {}, f"cannot check the GPUs before starting: {inventory.error}"
+        index_of = {g.uuid: g.index for g in inventory.gpus}
+        missing = [u for u in self.me.gpu_uuids if u not in index_of]
+        if missing:
+            return {}, f"claimed GPU {missing[0]} is not on this node any more"
+        if self.job.visible_as == "uuid":
+            visible = ",".join(self.me.gpu_uuids)
+        else:
+            visible = ",".join(str(index_of[u]) for u in self.me.gpu_uuids)
+        env = dict(os.environ)
+        env.update(node_env)
+        env.update(dict(self.job.env))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": visible,
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # indices as nvidia-smi numbers them
+                "GPUCLAIM_JOB": self.job.name,
+                "GPUCLAIM_JOB_ID": self.job.id,
+            }
+        )
+        env.update({k: str(v) for k, v in (self.spec.get("gang") or {}).items()})
+        return env, None
+
+    def _resolve_argv(self) -> list[str]:
+        """Interactive kinds are resolved here, on the node: its shell, its jupyter."""
+        if self.job.kind == "shell":
+            return [os.environ.get("SHELL") or "/bin/bash", "-l"]
+        if self.job.kind == "notebook":
+            jupyter = shutil.which("jupyter")
+            if jupyter is None:
+                raise GpuclaimError(
+                    "jupyter is not installed on this node (pip install jupyterlab there)"
+                )
+            port = free_port()
+            self.store.update_job(job_id=self.job.id, changes={"port": port})
+            return [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}"]
+        return list(self.job.argv)
+
+    def _supervise(self, env: dict[str, str], log: Any) -> int:
+        started = self.store.now()
+        deadline = time.monotonic() + self.job.time_limit_s
+        cwd = self.job.workdir or str(Path.home())
+        try:
+            argv = self._resolve_argv()
+        except GpuclaimError as exc:
+            log.write(f"gpuclaim: {exc}\n".encode())
+            return self._finish("failed", None, str(exc))
+        try:
+            if self.interactive:
+                self.child = subprocess.Popen(argv, cwd=cwd, env=env)
+            else:
+                self.child = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: we signal all of it
+                )
+        except OSError as exc:
+            message = f"cannot start {argv[0]!r}: {exc.strerror}"
+            log.write(f"gpuclaim: {message}\n".encode())
+            return self._finish("failed", 127, message)
+        self._record_start(started)
+        next_beat = time.monotonic() + self.beat_s
+        next_check = time.monotonic() + 1.0
+        stop_sent: Optional[float] = None
+        out = self.child.stdout
+        while True:
+            if out is not None:
+                self._pump(out, log, POLL_S)
+            else:
+                time.sleep(POLL_S)
+            if self.child.poll() is not None:
+                break
+            now = time.monotonic()
+            if self.stop_reason is None and now > deadline:
+                self.stop_reason = "timeout"
+            if now > next_check:
+                next_check = now + 1.0
+                self._check_stop_request()
+            if self.stop_reason is not None:
+                if stop_sent is None:
+                    stop_sent = now
+                    log.write(f"\ngpuclaim: stopping ({self.stop_reason}): SIGTERM\n".encode())
+                    self._signal(signal.SIGTERM)
+                elif now - stop_sent > self.grace_s:
+                    log.write(b"gpuclaim: still running after the grace period: SIGKILL\n")
+                    self._signal(signal.SIGKILL)
+                    stop_sent = float("inf")
+            if now > next_beat:
+                next_beat = now + self.beat_s
+                self._beat()
+        if out is not None:
+            self._pump(out, log, 0.2, drain=True)
+        self._signal(signal.SIGKILL)  # leftovers of the job's process group hold GPU memory
+        code = self.child.returncode
+        exit_code = code if code >= 0 else 128 - code
+        if self.stop_reason == "timeout":
+            return self._finish("timeout", exit_code, "time limit reached")
+        if self.stop_reason is not None:
+            return self._finish("killed", exit_code, self.job.stop_requested or "killed")
+        if code == 0:
+            return self._finish("succeeded", 0, "")
+        return self._finish("failed", exit_code, f"exit status {exit_code}")
+
+    def _pump(self, out: Any, log: Any, timeout: float, drain: bool = False) -> None:
+        fd = out.fileno()
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                return
+            data = os.read(fd, 65536)
+            if not data:
+                return
+            log.write(data)
+            try:
+                sys.stdout.buffer.write(data)  # the tmux pane, for `gpuclaim attach`
+                sys.stdout.buffer.flush()
+            except OSError:
+                pass
+            if not drain and time.monotonic() > end:
+                return
+
+    def _signal(self, sig: int) -> None:
+        if self.child is None:
+            return
+        try:
+            if self.interactive:
+                self.child.send_signal(sig)
+            else:
+                os.killpg(self.child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _beat(self) -> None:
+        if self.me.claim_id:
+            try:
+                self.store.beat(claim_id=self.me.claim_id, interval=self.beat_s)
+            except GpuclaimError:
+                pass  # storage hiccup: the next beat tries again
+
+    def _check_stop_request(self) -> None:
+        try:
+            current = self.store.load_job_dict(self.job.id)
+        except GpuclaimError:
+            return
+        if current and current.get("stop_requested") and self.stop_reason is None:
+            self.stop_reason = "killed"
+            self.job = self.job.with_(stop_requested=current["stop_requested"])
+
+    def _record_start(self, started: float) -> None:
+        from gpuclaim.model import iso
+
+        self.store.update_job(
+            job_id=self.job.id,
+            changes={},
+            rank=self.rank,
+            rank_changes={"state": "running", "started": iso(started)},
+        )
+        result = self.store.update_job(
+            job_id=self.job.id,
+            changes={"state": "running", "started": iso(started)},
+            only_from=["starting"],
+        )
+        if result["applied"]:
+            from gpuclaim.jobs import job_event
+
+            self.store.append_event(job_event("job-start", self.job, started))
+
+    def _finish(self, state: str, exit_code: Optional[int], reason: str) -> int:
+        from gpuclaim.jobs import finish_rank
+
+        finish_rank(self.store, self.job, self.rank, state, exit_code, reason)
+        self._dispatch()
+        return 0
+
+    def _dispatch(self) -> None:
+        """Our GPUs are free: start queued jobs that fit on this node (no daemon needed)."""
+        raw = self.spec.get("config")
+        if raw is None:
+            return
+        try:
+            from gpuclaim.config import parse_config
+            from gpuclaim.jobs import dispatch_queue
+
+            config = parse_config(raw)
+            dispatch_queue(config, self.store, only_node=self.me.node)
+        except GpuclaimError as exc:
+            with open(self.log_path, "ab") as log:
+                log.write(f"gpuclaim: could not start queued jobs: {exc}\n".encode())
+
+
+def run_wrapper(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    return Wrapper(spec).run()

@@ -1,0 +1,334 @@
+"""`gpuclaim run` and friends, end to end through the CLI against real sshd nodes and real tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _job(c, name, user="alice"):
+    rows = c.json("jobs", "--all", user=user)
+    return next(r for r in rows if r["name"] == name)
+
+
+def _wait_state(c, name, states, timeout=30.0, user="alice"):
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(c, name, user)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"{name} stuck in {job['state']}"
+        time.sleep(0.3)
+
+
+def _log(c, name, user="alice"):
+    return c.ok("logs", name, "-n", "0", user=user)
+
+
+@pytest.fixture
+def jobs_cluster(testbed, make_remote):
+    return make_remote(testbed, kill_grace="2s", heartbeat="1s")
+
+
+PRINT_ENV = (
+    "import os, sys, json; "
+    "print(json.dumps({k: os.environ.get(k) for k in "
+    "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPUCLAIM_JOB', 'HOME')}))"
+)
+
+
+def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster):
+    c = jobs_cluster
+    procs = [
+        subprocess.Popen(
+            [
+                "python3",
+                "-m",
+                "gpuclaim",
+                "run",
+                "-n",
+                "2",
+                "--node",
+                "node02",
+                "--name",
+                name,
+                "--json",
+                "--",
+                "python3",
+                "-c",
+                PRINT_ENV,
+            ],
+            env=c.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("envA", "envB")
+    ]
+    started = []
+    for p in procs:
+        out, errtext = p.communicate(timeout=60)
+        assert p.returncode == 0, errtext
+        started.append(json.loads(out))
+    gpus = [tuple(j["gpus"]) for j in started]
+    assert set(gpus[0]).isdisjoint(gpus[1]), gpus
+    for job in started:
+        done = _wait_state(c, job["name"], {"succeeded"})
+        assert done["exit_code"] == 0
+        seen = json.loads(_log(c, job["name"]).strip().splitlines()[-1])
+        assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, job["gpus"]))
+        assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert seen["GPUCLAIM_JOB"] == job["name"]
+    rows = c.by_gpu()
+    assert all(rows[("node02", i)]["state"] == "free" for i in range(4))
+
+
+HOSTILE = [
+    "it's",
+    'say "hi"',
+    "$(touch {marker})",
+    "`touch {marker}`",
+    "; touch {marker}",
+    "a\nb",
+    "tab\there",
+    "ünïcødé ✓ 日本",
+    "$HOME",
+    "*",
+    "",
+    "-n",
+    "--",
+]
+
+
+def test_hostile_arguments_arrive_byte_identical(jobs_cluster, tmp_path):
+    c = jobs_cluster
+    marker = tmp_path / "pwned"
+    args = [a.format(marker=marker) for a in HOSTILE]
+    script = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    c.ok("run", "--name", "hostile", "--", "python3", "-c", script, *args)
+    _wait_state(c, "hostile", {"succeeded"})
+    assert json.loads(_log(c, "hostile").strip().splitlines()[-1]) == args
+    assert not marker.exists()
+
+
+def test_exit_statuses_and_time_limit(jobs_cluster):
+    c = jobs_cluster
+    c.ok("run", "--name", "ok", "--", "true")
+    c.ok("run", "--name", "three", "--", "sh", "-c", "exit 3")
+    c.ok("run", "--name", "slow", "--time", "3s", "--", "sleep", "60")
+    assert _wait_state(c, "ok", {"succeeded"})["exit_code"] == 0
+    failed = _wait_state(c, "three", {"failed"})
+    assert failed["exit_code"] == 3
+    t0 = time.monotonic()
+    timed_out = _wait_state(c, "slow", {"timeout"}, timeout=20)
+    assert time.monotonic() - t0 < 15
+    assert "time limit" in timed_out["reason"]
+    # every claim was released, and no gpuclaim CLI process is left behind on the laptop
+    assert all(r["state"] == "free" for r in c.status())
+    leftover = subprocess.run(["pgrep", "-f", "-m gpuclaim"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+    events = c.json("history", "--claims")
+    assert len(events) == 3
+
+
+def test_queue_starts_when_the_blocking_job_ends(jobs_cluster, tmp_path):
+    c = jobs_cluster
+    go = tmp_path / "go"
+    blocker = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    c.ok("run", "-n", "4", "--node", "node01", "--name", "blocker", "--", "sh", "-c", blocker)
+    for node in ("node02", "node03"):
+        c.ok("run", "-n", "4", "--node", node, "--name", f"fill-{node}", "--", "sleep", "300")
+    proc = c.cli("run", "-n", "4", "--name", "nope", "--", "true")
+    assert proc.returncode == 3, proc.stderr
+    queued = c.json(
+        "run", "-n", "2", "--queue", "--name", "waiter", "--", "python3", "-c", PRINT_ENV
+    )
+    assert queued["state"] == "queued"
+    assert _job(c, "waiter")["queue_position"] == 1
+    # From here on nobody runs gpuclaim: the blocker's wrapper must start the queued job.
+    go.touch()
+    deadline = time.monotonic() + 20
+    marker_log = None
+    while time.monotonic() < deadline:
+        record = json.loads(next((c.storage / "jobs").glob(f"{queued['id']}.json")).read_text())
+        if record["state"] in ("running", "succeeded"):
+            marker_log = record
+            break
+        time.sleep(0.3)
+    assert marker_log is not None, "the queued job did not start by itself"
+    done = _wait_state(c, "waiter", {"succeeded"})
+    assert done["nodes"] == ["node01"]
+    seen = json.loads(_log(c, "waiter").strip().splitlines()[-1])
+    assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, done["gpus"]))
+    c.ok("kill", "fill-node02")
+    c.ok("kill", "fill-node03")
+
+
+def test_kill_running_and_queued_jobs(jobs_cluster):
+    c = jobs_cluster
+    c.ok("run", "-n", "4", "--node", "node01", "--name", "long", "--", "sleep", "300")
+    _wait_state(c, "long", {"running"})
+    c.ok("run", "-n", "4", "--node", "node01", "--queue", "--name", "later", "--", "true")
+    assert _job(c, "later")["state"] == "queued"
+    assert c.json("kill", "later")["state"] == "killed"
+    killed = c.json("kill", "long")
+    assert killed["state"] == "killed"
+    assert all(r["state"] == "free" for r in c.status() if r["node"] == "node01")
+    assert "long" not in _tmux_sessions(c, "node01")
+    # bob cannot kill alice's job
+    c.ok("run", "--name", "mine", "--", "sleep", "60")
+    proc = c.cli("kill", "mine", user="bob")
+    assert proc.returncode == 1 and "no job 'mine' of bob" in proc.stderr
+    c.ok("kill", "mine")
+
+
+def test_invalid_names_and_usage(jobs_cluster):
+    c = jobs_cluster
+    for bad in ("a.b", "a:b", "../x", "x y", "-x"):
+        proc = c.cli("run", "--name", bad, "--", "true")
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "invalid job name" in proc.stderr
+    proc = c.cli("run", "-n", "5", "--", "true")
+    assert proc.returncode == 1 and "can never fit" in proc.stderr
+    proc = c.cli("run", "--env", "1X=2", "--", "true")
+    assert proc.returncode == 2
+    c.ok("run", "--name", "dup", "--", "sleep", "30")
+    proc = c.cli("run", "--name", "dup", "--", "true")
+    assert proc.returncode == 3 and "already have a job named 'dup'" in proc.stderr
+    c.ok("kill", "dup")
+
+
+def test_gang_job_ranks_and_one_failure_stops_the_other(jobs_cluster):
+    c = jobs_cluster
+    script = (
+        "import os, json, time; "
+        "print(json.dumps({k: os.environ[k] for k in ('MASTER_ADDR', 'MASTER_PORT', 'NNODES', "
+        "'NODE_RANK', 'NPROC_PER_NODE', 'CUDA_VISIBLE_DEVICES')}), flush=True); "
+        "time.sleep(300)"
+    )
+    job = c.json("run", "--nodes", "2", "-n", "2", "--name", "gang", "--", "python3", "-c", script)
+    assert len(job["nodes"]) == 2 and len(set(job["nodes"])) == 2
+    _wait_state(c, "gang", {"running"})
+    seen = []
+    for rank in (0, 1):
+        deadline = time.monotonic() + 20
+        while True:
+            text = c.ok("logs", "gang", "--rank", str(rank), "-n", "0")
+            if text.strip():
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        seen.append(json.loads(text.strip().splitlines()[0]))
+    assert [s["NODE_RANK"] for s in seen] == ["0", "1"]
+    for key in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE"):
+        assert seen[0][key] == seen[1][key], key
+    assert seen[0]["NNODES"] == "2" and seen[0]["NPROC_PER_NODE"] == "2"
+    # rank 1's process dies with an error: the job fails and rank 0 is stopped too
+    # (all testbed nodes share this machine: pick rank 1's process by its environment)
+    assert _kill_where({"GPUCLAIM_JOB": "gang", "NODE_RANK": "1"}, b"time.sleep(300)") == 1
+    done = _wait_state(c, "gang", {"failed"}, timeout=30)
+    assert [r["state"] for r in done["ranks"]] == ["killed", "failed"]
+    assert all(r["state"] == "free" for r in c.status())
+
+
+def test_rebooted_node_leaves_a_stale_claim_that_is_reclaimable(jobs_cluster):
+    c = jobs_cluster
+    job = c.json("run", "-n", "4", "--node", "node03", "--name", "victim", "--", "sleep", "300")
+    _wait_state(c, "victim", {"running"})
+    # "reboot": the wrapper, the job and the tmux server vanish at once
+    assert _kill_where({}, job["id"].encode()) >= 1  # the wrapper (and the tmux server)
+    assert _kill_where({"GPUCLAIM_JOB": "victim"}, b"sleep") == 1
+    c.testbed.ssh("node03", "tmux kill-server")
+    deadline = time.monotonic() + 20
+    while True:
+        rows = [r for r in c.status() if r["node"] == "node03"]
+        if all(r["state"] == "stale" for r in rows):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
+    assert rows[0]["reason"] == "job lost"
+    assert _job(c, "victim")["state"] == "lost"
+    claim = c.json("claim", "-n", "4", "--node", "node03", user="bob")
+    assert claim["user"] == "bob"
+
+
+def test_logs_follow_until_the_job_ends(jobs_cluster):
+    c = jobs_cluster
+    c.ok(
+        "run",
+        "--name",
+        "talker",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3; do echo line $i; sleep 0.5; done",
+    )
+    proc = c.cli("logs", "talker", "-f", timeout=30)
+    assert proc.returncode == 0
+    assert [line for line in proc.stdout.splitlines() if line.startswith("line")] == [
+        "line 1",
+        "line 2",
+        "line 3",
+    ]
+    assert c.ok("logs", "talker", "-n", "1").strip() == "line 3"
+
+
+def test_job_start_and_end_are_in_the_event_log(jobs_cluster):
+    c = jobs_cluster
+    c.ok("run", "-n", "2", "--name", "acct", "--", "sleep", "1")
+    _wait_state(c, "acct", {"succeeded"})
+    events = []
+    for f in (c.storage / "events").glob("*.jsonl"):
+        events += [json.loads(line) for line in f.read_text().splitlines()]
+    kinds = [e["type"] for e in events if (e.get("extra") or {}).get("job") == "acct"]
+    assert kinds == ["job-start", "job-end"]
+    end = next(e for e in events if e["type"] == "job-end")
+    assert end["extra"]["state"] == "succeeded" and end["extra"]["exit_code"] == 0
+    hist = c.json("history")
+    assert hist[0]["claims"] == 1 and hist[0]["gpu_hours"] > 0
+
+
+def _kill_where(env: dict, cmd_part: bytes) -> int:
+    import signal
+
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = dict(
+                kv.split("=", 1)
+                for kv in (entry / "environ").read_bytes().decode("utf-8", "replace").split("\0")
+                if "=" in kv
+            )
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd_part in cmdline and all(environ.get(k) == v for k, v in env.items()):
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def _tmux_sessions(c, node):
+    proc = c.testbed.ssh(node, "tmux ls -F '#{session_name}' 2>/dev/null || true")
+    return proc.stdout
+
+
+def test_no_gpuclaim_left_running_after_run(jobs_cluster):
+    c = jobs_cluster
+    before = set(os.listdir("/proc"))
+    c.ok("run", "--name", "quick", "--", "true")
+    _wait_state(c, "quick", {"succeeded"})
+    new = set(os.listdir("/proc")) - before
+    for pid in new:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        assert b"gpuclaim run" not in cmd and b"-m gpuclaim" not in cmd
