@@ -332,3 +332,117 @@ def test_no_gpuclaim_left_running_after_run(jobs_cluster):
         except OSError:
             continue
         assert b"gpuclaim run" not in cmd and b"-m gpuclaim" not in cmd
+
+
+def test_wait_blocks_until_started_and_reports_its_position(jobs_cluster, tmp_path):
+    c = jobs_cluster
+    go = tmp_path / "go2"
+    c.ok(
+        "run",
+        "-n",
+        "4",
+        "--node",
+        "node02",
+        "--name",
+        "hold",
+        "--",
+        "sh",
+        "-c",
+        f"while [ ! -e {go} ]; do sleep 0.2; done",
+    )
+    waiter = subprocess.Popen(
+        [
+            "python3",
+            "-m",
+            "gpuclaim",
+            "run",
+            "-n",
+            "4",
+            "--node",
+            "node02",
+            "--wait",
+            "--name",
+            "patient",
+            "--json",
+            "--",
+            "true",
+        ],
+        env=c.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    assert waiter.poll() is None  # still waiting
+    go.touch()
+    out, errtext = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0, errtext
+    assert "position 1" in errtext  # no spinner in a pipe: plain lines
+    assert "\x1b[" not in errtext
+    assert json.loads(out)["state"] in ("starting", "running", "succeeded")
+    _wait_state(c, "patient", {"succeeded"})
+
+
+def test_shell_has_a_time_limit_and_notebook_needs_jupyter(jobs_cluster):
+    c = jobs_cluster
+    proc = c.cli("shell", "--time", "3s", "--name", "sh1")
+    assert proc.returncode == 0, proc.stderr
+    assert "tmux session gc-alice-sh1" in proc.stdout
+    assert _wait_state(c, "sh1", {"timeout"}, timeout=20)["state"] == "timeout"
+    proc = c.cli("notebook", "--name", "nb1")
+    assert proc.returncode == 1
+    assert "jupyter is not installed on this node" in proc.stderr
+    assert all(r["state"] == "free" for r in c.status())
+
+
+def test_attach_shows_the_job_in_a_terminal(jobs_cluster):
+    c = jobs_cluster
+    c.ok(
+        "run",
+        "--name",
+        "watched",
+        "--",
+        "sh",
+        "-c",
+        "while true; do echo tick-from-job; sleep 0.3; done",
+    )
+    _wait_state(c, "watched", {"running"})
+    sock = f"gc-test-{os.getpid()}"
+    env = c.env()
+    cmd = "python3 -m gpuclaim attach watched"
+    subprocess.run(
+        [
+            "tmux",
+            "-L",
+            sock,
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            "-e",
+            f"GPUCLAIM_CONFIG={env['GPUCLAIM_CONFIG']}",
+            "-e",
+            f"GPUCLAIM_HOME={env['GPUCLAIM_HOME']}",
+            "-e",
+            "GPUCLAIM_USER=alice",
+            cmd,
+        ],
+        check=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = subprocess.run(
+                ["tmux", "-L", sock, "capture-pane", "-p"], capture_output=True, text=True
+            ).stdout
+            if "tick-from-job" in screen:
+                break
+            time.sleep(0.3)
+        assert "tick-from-job" in screen, screen
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    c.ok("kill", "watched")

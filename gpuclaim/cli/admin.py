@@ -17,6 +17,7 @@ def gc(
 
     st = state(ctx)
     report = collect_garbage(st.store, st.user)
+    st.dispatch_quietly()
     if as_json:
         print_json(
             {

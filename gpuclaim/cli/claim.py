@@ -77,6 +77,7 @@ def release(
     released = release_claims(
         st.config, st.store, st.user, claim_ids or (), specs, release_all, force
     )
+    st.dispatch_quietly()  # the freed GPUs may be what a queued job waits for
     if as_json:
         print_json([c.to_dict() for c in released])
         return

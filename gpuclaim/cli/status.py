@@ -20,6 +20,7 @@ def status(
     from gpuclaim.cluster import build_view
 
     st = state(ctx)
+    st.dispatch_quietly()
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
     view = build_view(cfg, st.store, nodes, prober=st.prober)
