@@ -6,6 +6,7 @@ starts queued jobs that now fit there), so it needs only the standard library.
 
 from __future__ import annotations
 
+import shlex
 import time
 import uuid
 from collections.abc import Sequence
@@ -79,6 +80,18 @@ class NodeOps:
 
     def facts(self, node: NodeConfig) -> dict[str, Any]:
         return dict(self._call(node, "node_facts"))
+
+
+def attach_command(config: Config, node_name: str, session: str) -> list[str]:
+    """The argv that attaches a terminal to a job's tmux session (``ssh -t`` for SSH nodes)."""
+    node = config.node(node_name)
+    tmux = ["tmux", "attach-session", "-t", f"={session}"]
+    if node.transport == "local":
+        return tmux
+    argv = ["ssh", "-t"]
+    if config.ssh_config_path:
+        argv += ["-F", str(config.ssh_config_path)]
+    return [*argv, node.host, " ".join(shlex.quote(a) for a in tmux)]
 
 
 def new_job_id() -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from typing import Any, Optional
@@ -188,26 +187,15 @@ def attach(
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
-    from gpuclaim.jobs import find_job
+    from gpuclaim.jobs import attach_command, find_job
 
     st = state(ctx)
     job = find_job(st.store, st.user, name)
     if job.state not in ("running", "starting"):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
-    argv = attach_argv(st, job.ranks[rank].node, job.session)
+    argv = attach_command(st.config, job.ranks[rank].node, job.session)
     sys.stdout.flush()
     os.execvp(argv[0], argv)
-
-
-def attach_argv(st: AppState, node_name: str, session: str) -> list[str]:
-    node = st.config.node(node_name)
-    tmux = ["tmux", "attach-session", "-t", f"={session}"]
-    if node.transport == "local":
-        return tmux
-    argv = ["ssh", "-t"]
-    if st.config.ssh_config_path:
-        argv += ["-F", str(st.config.ssh_config_path)]
-    return [*argv, node.host, " ".join(shlex.quote(a) for a in tmux)]
 
 
 def kill(
@@ -257,7 +245,9 @@ def shell(
     )
     job = _submit_and_report(st, req, wait=False, as_json=False)
     if sys.stdin.isatty() and sys.stdout.isatty():
-        argv = attach_argv(st, job.ranks[0].node, job.session)
+        from gpuclaim.jobs import attach_command
+
+        argv = attach_command(st.config, job.ranks[0].node, job.session)
         os.execvp(argv[0], argv)
 
 
