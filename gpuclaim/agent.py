@@ -187,6 +187,25 @@ def _node_facts(request: dict[str, Any]) -> Any:
     return node_facts()
 
 
+def _hardware(request: dict[str, Any]) -> Any:
+    from gpuclaim.hardware import probe_hardware
+
+    return probe_hardware()
+
+
+def _notify_deliver(request: dict[str, Any]) -> Any:
+    from gpuclaim.config import parse_config
+    from gpuclaim.notify import deliver
+    from gpuclaim.store import ClaimStore
+
+    report = deliver(
+        parse_config(request["config"]),
+        ClaimStore(Path(str(request["root"]))),
+        budget_s=float(request.get("budget", 2.0)),
+    )
+    return {"sent": report.sent, "pending": report.pending}
+
+
 _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "probe": _probe,
     "doctor": _doctor,
@@ -195,6 +214,8 @@ _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "stop_session": _stop_session,
     "read_log": _read_log,
     "node_facts": _node_facts,
+    "notify_deliver": _notify_deliver,
+    "hardware": _hardware,
     "ping": lambda r: {"version": __version__, "time": time.time()},
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -111,6 +111,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
+    warnings: tuple[str, ...] = ()
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -150,9 +151,26 @@ def load_config(path: Optional[Path] = None) -> Config:
     except toml.TOMLDecodeError as exc:
         raise ConfigError(f"config {cfg_path}: invalid TOML: {exc}") from exc
     try:
-        return parse_config(raw, cfg_path)
+        config = parse_config(raw, cfg_path)
     except ConfigError as exc:
         raise ConfigError(f"config {cfg_path}: {exc.message}", hint=exc.hint) from exc
+    mode = cfg_path.stat().st_mode
+    if config.slack.webhook_url and mode & 0o044:
+        warning = (
+            f"{cfg_path} holds the Slack webhook (a secret) and others can read it: "
+            f"chmod 600 {cfg_path}"
+        )
+        config = replace(config, warnings=(*config.warnings, warning))
+    return config
+
+
+def redacted(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config as parsed, with secrets replaced: for ``config show`` and logs."""
+    result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    slack = result.get("slack")
+    if isinstance(slack, dict) and slack.get("webhook_url"):
+        slack["webhook_url"] = "<redacted>"
+    return result
 
 
 def local_config() -> Config:

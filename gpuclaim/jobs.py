@@ -332,7 +332,13 @@ def rank_spec(
 
 
 def finish_rank(
-    store: Store, job: Job, rank: int, state: str, exit_code: Optional[int], reason: str
+    store: Store,
+    job: Job,
+    rank: int,
+    state: str,
+    exit_code: Optional[int],
+    reason: str,
+    log_tail: str = "",
 ) -> Optional[Job]:
     """Record one rank's end, release its claim; the last rank to end decides the job's state.
     A failed rank asks the others to stop. Returns the job once final, else None."""
@@ -365,7 +371,8 @@ def finish_rank(
     if not done["applied"]:
         return None
     final = Job.from_dict(done["job"])
-    store.append_event(job_event("job-end", final, now))
+    extra = {"log_tail": log_tail} if log_tail and final_state != "succeeded" else {}
+    store.append_event(job_event("job-end", final, now, extra))
     return final
 
 
@@ -544,7 +551,7 @@ def queue_positions(store: Store) -> dict[str, int]:
     return {job_id: i + 1 for i, job_id in enumerate(ids)}
 
 
-def job_event(kind: str, job: Job, ts: float) -> Event:
+def job_event(kind: str, job: Job, ts: float, more: Optional[dict[str, Any]] = None) -> Event:
     return Event(
         ts=ts,
         type=kind,
@@ -561,6 +568,8 @@ def job_event(kind: str, job: Job, ts: float) -> Event:
             "exit_code": job.exit_code,
             "nodes": [r.node for r in job.ranks],
             "gpus_total": sum(len(r.gpus) for r in job.ranks) or job.gpus_per_node,
+            "from_queue": job.from_queue,
+            **(more or {}),
         },
     )
 

@@ -342,6 +342,7 @@ class Job:
     reason: str = ""
     stop_requested: Optional[str] = None  # "kill" or "timeout" once someone asked it to stop
     port: Optional[int] = None  # notebook port
+    from_queue: bool = False
 
     @property
     def session(self) -> str:
@@ -384,6 +385,7 @@ class Job:
             "reason": self.reason,
             "stop_requested": self.stop_requested,
             "port": self.port,
+            "from_queue": self.from_queue,
         }
 
     @classmethod
@@ -413,4 +415,5 @@ class Job:
             reason=str(d.get("reason") or ""),
             stop_requested=d.get("stop_requested"),
             port=_opt_int(d.get("port")),
+            from_queue=bool(d.get("from_queue", False)),
         )

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -69,7 +70,10 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     spec_path = job_dir / "spec.json"
     log_path = job_dir / "output.log"
     spec = dict(spec, log=str(log_path))
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    # The spec carries the config, and with it the Slack webhook (a secret): owner only.
+    fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(spec))
     log_path.touch()
     command = "exec " + " ".join(shlex.quote(a) for a in [*agent_entry(), "wrap", str(spec_path)])
     proc = subprocess.run(
@@ -207,6 +211,7 @@ class Wrapper:
         self.stop_reason: Optional[str] = None
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.interactive = self.job.kind == "shell"
+        self._notifier: Optional[threading.Thread] = None
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, self._on_hangup)
@@ -411,30 +416,59 @@ class Wrapper:
         )
         if result["applied"]:
             from gpuclaim.jobs import job_event
+            from gpuclaim.model import Job
 
-            self.store.append_event(job_event("job-start", self.job, started))
+            self.store.append_event(job_event("job-start", Job.from_dict(result["job"]), started))
+            # Tell Slack from here, beside the running job, without holding up its output.
+            self._notifier = threading.Thread(target=self._notify, daemon=True)
+            self._notifier.start()
+
+    def _notify(self, budget_s: float = 5.0) -> None:
+        raw = self.spec.get("config")
+        if not raw or not (raw.get("slack") or {}).get("webhook_url"):
+            return
+        try:
+            from gpuclaim.config import parse_config
+            from gpuclaim.notify import deliver
+
+            deliver(parse_config(raw), self.store, budget_s=budget_s)
+        except GpuclaimError:
+            pass  # the next deliverer (any gpuclaim call, this job's end) tries again
 
     def _finish(self, state: str, exit_code: Optional[int], reason: str) -> int:
         from gpuclaim.jobs import finish_rank
 
-        finish_rank(self.store, self.job, self.rank, state, exit_code, reason)
-        self._dispatch()
+        finish_rank(self.store, self.job, self.rank, state, exit_code, reason, self._log_tail())
+        self._after_end()
         return 0
 
-    def _dispatch(self) -> None:
-        """Our GPUs are free: start queued jobs that fit on this node (no daemon needed)."""
+    def _log_tail(self, lines: int = 12) -> str:
+        try:
+            data = self.log_path.read_bytes()[-8192:]
+        except OSError:
+            return ""
+        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+    def _after_end(self) -> None:
+        """Our GPUs are free: start queued jobs that fit on this node (no daemon needed), then
+        tell Slack, from here, since the laptop may be closed."""
         raw = self.spec.get("config")
         if raw is None:
             return
         try:
             from gpuclaim.config import parse_config
             from gpuclaim.jobs import dispatch_queue
+            from gpuclaim.notify import deliver
 
             config = parse_config(raw)
             dispatch_queue(config, self.store, only_node=self.me.node)
+            if self._notifier is not None:
+                self._notifier.join(timeout=10)
+            if config.slack.webhook_url:
+                deliver(config, self.store, budget_s=10.0)
         except GpuclaimError as exc:
             with open(self.log_path, "ab") as log:
-                log.write(f"gpuclaim: could not start queued jobs: {exc}\n".encode())
+                log.write(f"gpuclaim: after the job: {exc}\n".encode())
 
 
 def run_wrapper(spec_path: str) -> int:

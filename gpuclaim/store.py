@@ -77,6 +77,7 @@ PLAIN_METHODS = frozenset(
         "take_queue_entry",
         "return_queue_entry",
         "finish_queue_entry",
+        "mark_notices",
     }
 )
 
@@ -215,6 +216,8 @@ class Store(Protocol):
     def take_queue_entry(self, name: str) -> bool: ...
     def return_queue_entry(self, name: str) -> None: ...
     def finish_queue_entry(self, name: str) -> None: ...
+    def mark_notices(self, scope: str, keys: list[str]) -> list[str]: ...
+    def notify_state(self) -> dict[str, Any]: ...
 
 
 class ClaimStore:
@@ -470,6 +473,30 @@ class ClaimStore:
         finally:
             _unlink_quiet(lock)
 
+    def try_lock(self, name: str) -> Optional[contextlib.AbstractContextManager[None]]:
+        """The lock ``name`` if nobody holds it (or its holder died), else None at once."""
+        lock = self._p("locks", f"{name}.lock")
+        body = _encode({"host": self.host, "pid": os.getpid(), "ts": time.time()})
+        tmp = self._stage(body)
+        try:
+            taken = _link_exclusive(tmp, lock)
+            if not taken and self._lock_abandoned(lock):
+                _break_lock(lock)
+                taken = _link_exclusive(tmp, lock)
+        finally:
+            _unlink_quiet(tmp)
+        if not taken:
+            return None
+
+        @contextlib.contextmanager
+        def held() -> Iterator[None]:
+            try:
+                yield
+            finally:
+                _unlink_quiet(lock)
+
+        return held()
+
     def _lock_abandoned(self, lock: Path) -> bool:
         try:
             with open(lock, "rb") as fh:
@@ -599,6 +626,32 @@ class ClaimStore:
     def drop_beat(self, claim_id: str) -> None:
         _unlink_quiet(self._p("beats", _safe(claim_id)))
 
+    def notify_state(self) -> dict[str, Any]:
+        """What Slack delivery last ran into (for doctor)."""
+        try:
+            data = json.loads(self._p("notify", "state.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def mark_notices(self, scope: str, keys: list[str]) -> list[str]:
+        """Remember which conditions of ``scope`` hold now; return those that are new (each
+        notice goes out once per episode: a GPU busy again later is news again)."""
+        directory = self._p("notify", "seen")
+        directory.mkdir(parents=True, exist_ok=True)
+        wanted = {f"{scope}--{_safe(k)}" for k in keys}
+        new = []
+        for name in sorted(wanted):
+            try:
+                os.close(os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+            except FileExistsError:
+                continue
+            new.append(name.split("--", 1)[1])
+        for name in os.listdir(directory):
+            if name.startswith(f"{scope}--") and name not in wanted:
+                _unlink_quiet(directory / name)
+        return new
+
     # -- queue --------------------------------------------------------------------------------
     def enqueue(self, job_id: str) -> str:
         """Append a job to the queue; names sort in submission order (storage clock)."""
@@ -663,8 +716,11 @@ class ClaimStore:
     def append_event(self, event: Event) -> None:
         """Append one JSON line to this host's log; only this host writes that file."""
         line = (json.dumps(event.to_dict(), sort_keys=True, ensure_ascii=True) + "\n").encode()
-        path = self._p("events", f"{self.host}.jsonl")
-        with self._host_lock(f"events-{self.host}"):
+        # One file per host and user: one writer host per file (NFS appends from two hosts
+        # interleave), and the lock that orders this host's writers stays in our home.
+        name = f"{self.host}-{os.getuid()}"
+        path = self._p("events", f"{name}.jsonl")
+        with self._host_lock(f"events-{name}"):
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
             except OSError as exc:
@@ -703,7 +759,7 @@ class ClaimStore:
 
     @contextlib.contextmanager
     def _host_lock(self, name: str) -> Iterator[None]:
-        lock_dir = self.host_lock_dir or self._p("locks")
+        lock_dir = self.host_lock_dir or Path.home() / ".cache" / "gpuclaim" / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         path = lock_dir / f"{name}.flock"
         try:

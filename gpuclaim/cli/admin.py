@@ -72,6 +72,11 @@ def doctor(
 
     st = state(ctx)
     report = run_doctor(st.config, st.store, st.prober)
+    slack: list[tuple[str, str]] = []
+    if st.config.slack.webhook_url:
+        from gpuclaim.notify import slack_problems
+
+        slack = slack_problems(st.store.notify_state())
     if as_json:
         print_json([h.to_dict() for h in report])
     else:
@@ -80,9 +85,11 @@ def doctor(
         for h in report:
             for problem, fix in h.problems:
                 console.print(f"[red]{h.node}[/red]: {problem}\n    fix: {fix}")
+        for problem, fix in slack:
+            console.print(f"[red]slack[/red]: {problem}\n    fix: {fix}")
         if not any(h.problems for h in report):
             console.print("All nodes look good.")
     if any(not h.reachable for h in report):
         raise typer.Exit(ExitCode.UNREACHABLE)
-    if any(h.problems for h in report):
+    if any(h.problems for h in report) or slack:
         raise typer.Exit(ExitCode.ERROR)

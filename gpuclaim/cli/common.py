@@ -36,7 +36,20 @@ class AppState:
             from gpuclaim.config import load_config
 
             self._config = load_config(self.config_path)
+            for warning in self._config.warnings:
+                err().print(f"warning: {warning}")
         return self._config
+
+    def finish(self) -> None:
+        """After every command: post pending Slack messages, bounded by the short timeout."""
+        if self._config is None or self._store is None or not self._config.slack.webhook_url:
+            return
+        from gpuclaim.errors import GpuclaimError
+
+        try:
+            deliver_now(self.config, self._store, self.prober, self._config.slack.timeout_s)
+        except GpuclaimError:
+            pass  # delivery never fails a command; the next one tries again
 
     @property
     def user(self) -> str:
@@ -63,8 +76,13 @@ class AppState:
         from gpuclaim.jobs import dispatch_queue
 
         try:
-            if self.store.queue_entries():
-                dispatch_queue(self.config, self.store, self.prober, self.ops)
+            entries = self.store.queue_entries()
+        except GpuclaimError:
+            return  # the command itself reports a broken config or storage
+        if not entries:
+            return
+        try:
+            dispatch_queue(self.config, self.store, self.prober, self.ops)
         except GpuclaimError as exc:
             err().print(f"warning: could not start queued jobs: {exc}")
 
@@ -88,6 +106,21 @@ class AppState:
         return self._store
 
 
+def deliver_now(config: Config, store: Store, prober: NodeProber, budget_s: float) -> Any:
+    """Deliver here, or on the storage host when the storage is ssh://."""
+    from gpuclaim.store import ClaimStore
+
+    if isinstance(store, ClaimStore):
+        from gpuclaim.notify import deliver
+
+        return deliver(config, store, budget_s=budget_s)
+    from gpuclaim.remote.store_proxy import parse_storage_url
+
+    host, root = parse_storage_url(config.storage)
+    request = {"op": "notify_deliver", "root": root, "config": config.raw, "budget": budget_s}
+    return prober.agent.call(host, request, timeout=budget_s + 2 * config.slack.timeout_s + 5)
+
+
 def state(ctx: typer.Context) -> AppState:
     root = ctx.find_root()
     if not isinstance(root.obj, AppState):
@@ -108,7 +141,9 @@ def out() -> Console:
 def err() -> Console:
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    if sys.stderr.isatty():
+        return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, width=240, no_color=True)
 
 
 def print_json(data: Any) -> None:

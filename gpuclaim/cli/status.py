@@ -24,6 +24,10 @@ def status(
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
     view = build_view(cfg, st.store, nodes, prober=st.prober)
+    if cfg.slack.webhook_url:
+        from gpuclaim.notify import record_notices
+
+        record_notices(view, st.store)
     if as_json:
         print_json([r.to_dict() for r in view.rows])
     else:

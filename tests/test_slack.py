@@ -1,0 +1,206 @@
+"""Slack notifications against a real HTTP server on loopback standing in for the webhook."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+
+class FakeSlack:
+    """An incoming-webhook endpoint whose behaviour the test switches: ok, 500, 429, hang."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.mode = "ok"
+        self.retry_after = 2
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                mode = outer.mode
+                if mode == "hang":
+                    time.sleep(30)
+                    return
+                if mode == "500":
+                    self._answer(500, b"server_error")
+                elif mode == "429":
+                    self.send_response(429)
+                    self.send_header("Retry-After", str(outer.retry_after))
+                    self.end_headers()
+                    self.wfile.write(b"rate_limited")
+                elif mode == "404":
+                    self._answer(404, b"no_service")
+                else:
+                    with outer.lock:
+                        outer.received.append(json.loads(body))
+                    self._answer(200, b"ok")
+
+            def _answer(self, code: int, text: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = (
+            f"http://127.0.0.1:{self.server.server_address[1]}/services/T000/B000/SECRETtoken42"
+        )
+
+    def texts(self) -> list[str]:
+        with self.lock:
+            return [m["text"] for m in self.received]
+
+    def wait_for(self, needle: str, count: int = 1, timeout: float = 20.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [t for t in self.texts() if needle in t]
+            if len(hits) >= count:
+                return hits
+            time.sleep(0.1)
+        raise AssertionError(f"{needle!r} x{count} never arrived; got {self.texts()}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def slack():
+    server = FakeSlack()
+    yield server
+    server.close()
+
+
+def _with_slack(cluster, url: str, events=None, timeout="1s") -> None:
+    text = cluster.config_path.read_text()
+    extra = f'webhook_url = "{url}"\ntimeout = "{timeout}"\nmentions = {{ alice = "U0ALICE" }}\n'
+    if events:
+        extra += "events = " + json.dumps(events) + "\n"
+    cluster.config_path.write_text(text + extra)
+    cluster.config_path.chmod(0o600)
+
+
+def test_job_start_and_end_arrive_once_with_fields(make_cluster, slack):
+    c = make_cluster({"node01": 2}, fast=True)
+    _with_slack(c, slack.url)
+    c.ok("run", "--name", "ok-job", "--", "true")
+    c.ok("run", "-n", "2", "--name", "bad-job", "--", "sh", "-c", "echo boom-line; exit 3")
+    slack.wait_for("ok-job* succeeded".replace("*", ""), 1)
+    failed = slack.wait_for("bad-job failed", 1)[0]
+    assert "exit code 3" in failed
+    assert "node01 GPU 0,1" in failed
+    assert "GPU-h" in failed
+    message = next(m for m in slack.received if "bad-job" in m["text"] and "failed" in m["text"])
+    assert any("boom-line" in json.dumps(b) for b in message["blocks"])
+    assert "<@U0ALICE>" in json.dumps(message["blocks"])
+    time.sleep(1.5)
+    c.ok("status")  # a later call must not send anything twice
+    for name in ("ok-job", "bad-job"):
+        assert len([t for t in slack.texts() if f"{name} started" in t]) == 1
+        assert len([t for t in slack.texts() if name in t and "started" not in t]) == 1
+
+
+@pytest.mark.parametrize("mode", ["500", "429", "hang", "refused"])
+def test_a_failing_webhook_never_blocks_and_nothing_is_lost(make_cluster, slack, mode):
+    c = make_cluster({"node01": 4}, fast=True)
+    url = slack.url
+    if mode == "refused":
+        slack.close()
+        url = url.replace(str(slack.server.server_address[1]), "9")  # nothing listens on 9
+    _with_slack(c, url, events=["claim", "release"], timeout="1s")
+    t0 = time.monotonic()
+    c.ok("status")
+    baseline = time.monotonic() - t0
+    slack.mode = mode
+    claims = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        claims.append(c.json("claim", "-n", "1"))
+        took = time.monotonic() - t0
+        # its normal time, plus at most the short timeout (and scheduling noise)
+        assert took < baseline + 1.0 + 1.5, f"claim took {took:.1f}s with the webhook {mode}"
+    assert slack.texts() == []
+    if mode == "refused":
+        return  # nothing to recover to; the next test covers recovery
+    slack.mode = "ok"
+    if mode == "429":
+        time.sleep(2.2)  # Retry-After: 2 is honoured: nobody posts before
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(slack.texts()) < 3:
+        c.ok("status")
+    texts = slack.texts()
+    assert len(texts) == 3, texts  # every message once, none duplicated, in order
+    assert all("claimed node01" in t for t in texts)
+
+
+def test_permanent_error_is_reported_and_not_retried_forever(make_cluster, slack):
+    c = make_cluster({"node01": 2}, fast=True)
+    _with_slack(c, slack.url, events=["claim"])
+    slack.mode = "404"
+    proc = c.cli("notify", "test")
+    assert proc.returncode == 1
+    assert "HTTP 404: no_service" in proc.stdout
+    assert "permanent" in proc.stdout
+    c.json("claim", "-n", "1")
+    slack.mode = "ok"
+    c.ok("status")
+    assert slack.texts() == []  # the 404'd message was dropped, not retried
+    doctor = c.cli("doctor")
+    assert "no_service" in doctor.stdout
+    proc = c.cli("notify", "test")
+    assert proc.returncode == 0 and "HTTP 200: ok" in proc.stdout
+    assert "gpuclaim test" in slack.texts()[-1]
+
+
+def test_webhook_url_is_never_printed_logged_or_stored(make_cluster, slack, tmp_path):
+    c = make_cluster({"node01": 2}, fast=True)
+    _with_slack(c, slack.url, events=["claim", "release"])
+    outputs = []
+    for args in (
+        ["status"],
+        ["claim", "-n", "1"],
+        ["config", "show"],
+        ["config", "show", "--json"],
+        ["doctor"],
+        ["history"],
+        ["release", "--all"],
+        ["notify", "test"],
+        ["run", "--name", "j1", "--", "true"],
+        ["jobs", "--all"],
+        ["--debug", "status"],
+    ):
+        proc = c.cli(*args)
+        outputs.append(proc.stdout + proc.stderr)
+    slack.mode = "500"
+    proc = c.cli("claim", "-n", "1")
+    outputs.append(proc.stdout + proc.stderr)
+    secret = "SECRETtoken42"
+    for text in outputs:
+        assert secret not in text
+    assert "<redacted>" in outputs[2]
+    for root in (c.storage, c.home):
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
+
+
+def test_config_readable_by_others_is_warned_about(make_cluster, slack):
+    c = make_cluster({"node01": 1}, fast=True)
+    _with_slack(c, slack.url)
+    c.config_path.chmod(0o644)
+    proc = c.cli("status")
+    assert "holds the Slack webhook (a secret) and others can read it" in proc.stderr
+    assert "SECRETtoken42" not in proc.stderr
