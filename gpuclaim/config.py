@@ -48,6 +48,7 @@ _TOP_KEYS = {
     "defaults",
     "node",
     "slack",
+    "idle",
 }
 _DEFAULT_KEYS = {
     "time",
@@ -62,6 +63,7 @@ _DEFAULT_KEYS = {
     "heartbeat",
 }
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
+_IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
 
 
@@ -91,6 +93,15 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class IdlePolicy:
+    window_s: float = 30 * 60  # under the threshold this long: idle
+    threshold_pct: float = 5.0
+    warn: bool = True  # tell the holder (Slack mention), once per idle spell
+    release_after_s: Optional[float] = None  # None: never release; else after window + this
+    release_jobs: bool = False  # also a running job's claim (stopping the job)
+
+
+@dataclass(frozen=True)
 class SlackConfig:
     webhook_url: str = ""
     events: tuple[str, ...] = ()
@@ -110,6 +121,7 @@ class Config:
     agent_command: Optional[str] = None  # an installed agent instead of the one we send
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
 
@@ -236,6 +248,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         agent_command=agent_command,
         limits=_limits(_table(raw, "defaults")),
         slack=_slack(_table(raw, "slack")),
+        idle=_idle(_table(raw, "idle")),
         raw=raw,
     )
 
@@ -287,6 +300,31 @@ def _limits(table: dict[str, Any]) -> Limits:
         deadline_s=_duration(table, "deadline", base.deadline_s),
         kill_grace_s=_duration(table, "kill_grace", base.kill_grace_s),
         heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
+    )
+
+
+def _idle(table: dict[str, Any]) -> IdlePolicy:
+    _no_unknown(table, _IDLE_KEYS, "idle")
+    base = IdlePolicy()
+    threshold = table.get("threshold_pct", base.threshold_pct)
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not (0 <= threshold <= 100)
+    ):
+        raise ConfigError("'idle.threshold_pct' must be a number from 0 to 100")
+    for key in ("warn", "release_jobs"):
+        if key in table and not isinstance(table[key], bool):
+            raise ConfigError(f"'idle.{key}' must be true or false")
+    release = table.get("release_after")
+    return IdlePolicy(
+        window_s=_duration(table, "window", base.window_s),
+        threshold_pct=float(threshold),
+        warn=bool(table.get("warn", base.warn)),
+        release_after_s=None
+        if release in (None, "", False)
+        else _duration(table, "release_after", 0),
+        release_jobs=bool(table.get("release_jobs", base.release_jobs)),
     )
 
 

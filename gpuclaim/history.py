@@ -58,8 +58,10 @@ def summarize(
     since: Optional[float] = None,
     until: Optional[float] = None,
     user: Optional[str] = None,
+    usage: Optional[dict[str, dict[str, Any]]] = None,
 ) -> list[dict[str, Any]]:
-    """GPU-hours grouped ``by`` user, node or (UTC) day, clipped to [since, until]."""
+    """GPU-hours grouped ``by`` user, node or (UTC) day, clipped to [since, until], with the
+    part of them the GPUs were actually busy where utilisation was sampled."""
     if by not in GROUPINGS:
         raise ValueError(f"group by one of {GROUPINGS}")
     totals: dict[str, dict[str, Any]] = {}
@@ -71,18 +73,43 @@ def summarize(
         if end <= start:
             continue
         for key, seg_start, seg_end in _segments(iv, by, start, end):
-            row = totals.setdefault(key, {by: key, "gpu_hours": 0.0, "claims": set()})
-            row["gpu_hours"] += iv.gpus * (seg_end - seg_start) / 3600.0
+            row = totals.setdefault(
+                key, {by: key, "gpu_hours": 0.0, "claims": set(), "busy": 0.0, "measured": 0.0}
+            )
+            hours = iv.gpus * (seg_end - seg_start) / 3600.0
+            row["gpu_hours"] += hours
             row["claims"].add(iv.claim_id)
+            fraction = _busy_fraction((usage or {}).get(iv.claim_id))
+            if fraction is not None:
+                row["busy"] += hours * fraction
+                row["measured"] += hours
     result = []
     for key in sorted(totals):
         row = totals[key]
         result.append(
-            {by: key, "gpu_hours": round(row["gpu_hours"], 3), "claims": len(row["claims"])}
+            {
+                by: key,
+                "gpu_hours": round(row["gpu_hours"], 3),
+                "claims": len(row["claims"]),
+                "busy_gpu_hours": round(row["busy"], 3) if row["measured"] else None,
+                "utilization_pct": (
+                    round(100 * row["busy"] / row["measured"], 1) if row["measured"] else None
+                ),
+            }
         )
     if by != "day":
         result.sort(key=lambda r: -r["gpu_hours"])
     return result
+
+
+def _busy_fraction(summary: Optional[dict[str, Any]]) -> Optional[float]:
+    """Busy share of a claim's sampled GPU time, or None if it was never sampled."""
+    if not summary:
+        return None
+    held = float(summary.get("held_gpu_s", 0.0))
+    if held <= 0:
+        return None
+    return min(1.0, float(summary.get("busy_gpu_s", 0.0)) / held)
 
 
 def _segments(iv: Interval, by: str, start: float, end: float) -> list[tuple[str, float, float]]:

@@ -327,6 +327,8 @@ def rank_spec(
         "probe_timeout": config.limits.probe_timeout_s,
         "grace_s": config.limits.kill_grace_s,
         "beat_s": config.limits.heartbeat_s,
+        "sample_s": max(config.limits.heartbeat_s, min(60.0, config.idle.window_s / 4)),
+        "idle_threshold_pct": config.idle.threshold_pct,
         "gang": gang if len(job.ranks) > 1 else {},
     }
 
@@ -512,7 +514,11 @@ def dispatch_queue(
             raise
         moved = store.update_job(
             job_id=job.id,
-            changes={"state": "starting", "ranks": [r.to_dict() for r in ranks]},
+            changes={
+                "state": "starting",
+                "ranks": [r.to_dict() for r in ranks],
+                "from_queue": True,
+            },
             only_from=["queued"],
         )
         store.finish_queue_entry(name=entry)

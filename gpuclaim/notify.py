@@ -37,6 +37,7 @@ MESSAGE_EVENTS = {
     "claim-expiring": "expiring",
     "busy-unclaimed": "busy_unclaimed",
     "node-unreachable": "unreachable",
+    "claim-idle": "idle",
 }
 DEFAULT_EVENTS = (
     "job_started",
@@ -45,6 +46,7 @@ DEFAULT_EVENTS = (
     "expired",
     "busy_unclaimed",
     "unreachable",
+    "idle",
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -151,6 +153,8 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == "claim-expiring":
         text = f"⏳ {who}, your claim on {where} ends in {extra.get('left', 'a few minutes')}"
+    elif event.type == "claim-idle":
+        text = f"💤 {who}, your claim on {where} looks idle: {event.reason}. Release it?"
     elif event.type == "busy-unclaimed":
         text = f"⚠️ {where} is busy without a claim: {event.reason}"
     elif event.type == "node-unreachable":

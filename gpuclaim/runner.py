@@ -207,6 +207,7 @@ class Wrapper:
         self.store = ClaimStore(Path(spec["store_root"]))
         self.beat_s = float(spec.get("beat_s", 5.0))
         self.grace_s = float(spec.get("grace_s", 30.0))
+        self.sample_s = float(spec.get("sample_s", 60.0))
         self.log_path = Path(spec["log"])
         self.stop_reason: Optional[str] = None
         self.child: Optional[subprocess.Popen[bytes]] = None
@@ -312,6 +313,7 @@ class Wrapper:
             return self._finish("failed", 127, message)
         self._record_start(started)
         next_beat = time.monotonic() + self.beat_s
+        next_sample = time.monotonic() + self.sample_s
         next_check = time.monotonic() + 1.0
         stop_sent: Optional[float] = None
         out = self.child.stdout
@@ -340,6 +342,9 @@ class Wrapper:
             if now > next_beat:
                 next_beat = now + self.beat_s
                 self._beat()
+            if now > next_sample:
+                next_sample = now + self.sample_s
+                self._sample_usage()
         if out is not None:
             self._pump(out, log, 0.2, drain=True)
         self._signal(signal.SIGKILL)  # leftovers of the job's process group hold GPU memory
@@ -390,6 +395,33 @@ class Wrapper:
                 self.store.beat(claim_id=self.me.claim_id, interval=self.beat_s)
             except GpuclaimError:
                 pass  # storage hiccup: the next beat tries again
+
+    def _sample_usage(self) -> None:
+        """How busy our GPUs are, for the idle summary, even when nobody looks."""
+        from gpuclaim.probe.local import probe_local
+
+        if not self.me.claim_id:
+            return
+        inventory = probe_local(
+            self.me.node,
+            tuple(self.spec.get("nvidia_smi") or ()),
+            dict(self.spec.get("node_env") or {}),
+            float(self.spec.get("probe_timeout", 10.0)),
+        )
+        util = {g.uuid: g.utilization_pct for g in inventory.gpus}
+        if inventory.error or not all(u in util for u in self.me.gpu_uuids):
+            return
+        sample = {
+            "since": float(self.spec.get("claim_since", 0.0)) or self.job.submitted,
+            "utils": [util[u] for u in self.me.gpu_uuids],
+        }
+        try:
+            self.store.record_usage(
+                samples={self.me.claim_id: sample},
+                threshold_pct=float(self.spec.get("idle_threshold_pct", 5.0)),
+            )
+        except GpuclaimError:
+            pass
 
     def _check_stop_request(self) -> None:
         try:

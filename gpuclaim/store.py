@@ -61,6 +61,8 @@ _SUBDIRS = (
     "queue",
     "jobs",
     "beats",
+    "notify",
+    "usage",
 )
 # Store methods whose arguments and results are plain JSON: the agent serves them by name
 # and RemoteStore forwards them as they are.
@@ -78,6 +80,9 @@ PLAIN_METHODS = frozenset(
         "return_queue_entry",
         "finish_queue_entry",
         "mark_notices",
+        "notify_state",
+        "record_usage",
+        "usage_summaries",
     }
 )
 
@@ -218,6 +223,8 @@ class Store(Protocol):
     def finish_queue_entry(self, name: str) -> None: ...
     def mark_notices(self, scope: str, keys: list[str]) -> list[str]: ...
     def notify_state(self) -> dict[str, Any]: ...
+    def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None: ...
+    def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]: ...
 
 
 class ClaimStore:
@@ -625,6 +632,39 @@ class ClaimStore:
 
     def drop_beat(self, claim_id: str) -> None:
         _unlink_quiet(self._p("beats", _safe(claim_id)))
+
+    # -- usage: how busy claimed GPUs really are --------------------------------------------
+    def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None:
+        """Fold one utilisation sample per claim ({claim id: {"since": t, "utils": [..]}}) into
+        its rolling summary, timed by the storage clock. Bounded: a few numbers per claim."""
+        from gpuclaim.idle import fold_sample
+
+        now = self.now()
+        for claim_id, sample in samples.items():
+            path = self._p("usage", f"{_safe(claim_id)}.json")
+            with self.gpu_lock(f"usage-{_safe(claim_id)}"):
+                try:
+                    current = json.loads(path.read_text("utf-8"))
+                except (OSError, ValueError):
+                    current = None
+                summary = fold_sample(
+                    current, float(sample["since"]), now, list(sample["utils"]), threshold_pct
+                )
+                tmp = self._stage(_encode(summary))
+                os.rename(tmp, path)
+
+    def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
+        result: dict[str, dict[str, Any]] = {}
+        directory = self._p("usage")
+        names = [f"{i}.json" for i in ids] if ids is not None else os.listdir(directory)
+        for name in names:
+            try:
+                data = json.loads((directory / name).read_text("utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                result[name[: -len(".json")]] = data
+        return result
 
     def notify_state(self) -> dict[str, Any]:
         """What Slack delivery last ran into (for doctor)."""

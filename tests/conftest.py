@@ -193,6 +193,7 @@ class RemoteCluster(CliDriver):
         testbed: Any,
         storage: Optional[str] = None,
         nodes: Optional[list[str]] = None,
+        extra_toml: str = "",
         **defaults: Any,
     ) -> None:
         self.root = root
@@ -209,7 +210,8 @@ class RemoteCluster(CliDriver):
             ssh_config=str(testbed.ssh_config),
             defaults={"connect_timeout": "3s", "deadline": "15s", **defaults},
         )
-        self.config_path.write_text(text)
+        self.config_path.write_text(text + extra_toml)
+        self.config_path.chmod(0o600)
 
     def env(self, user: str = "alice", **extra: str) -> dict[str, str]:
         env = super().env(user, **extra)

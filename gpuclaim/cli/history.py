@@ -50,7 +50,8 @@ def history(
                     + ("  (held now)" if row["open"] else "")
                 )
         return
-    rows = summarize(intervals, by=by, since=start, until=snap.now, user=user)
+    usage = store.usage_summaries()
+    rows = summarize(intervals, by=by, since=start, until=snap.now, user=user, usage=usage)
     if as_json:
         print_json(rows)
     else:

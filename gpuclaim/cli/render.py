@@ -25,7 +25,9 @@ STATE_STYLE = {
 }
 
 
-def status_table(view: ClusterView, now: float) -> Table:
+def status_table(
+    view: ClusterView, now: float, usage: Optional[dict[str, dict[str, Any]]] = None
+) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NODE", "GPU", "NAME", "MEMORY", "UTIL", "STATE", "HOLDER", "LEFT", "NOTE"):
         if col == "NOTE":
@@ -33,11 +35,13 @@ def status_table(view: ClusterView, now: float) -> Table:
         else:
             table.add_column(col, no_wrap=True)
     for row in view.rows:
-        table.add_row(*_status_cells(row, now, view))
+        table.add_row(*_status_cells(row, now, view, usage or {}))
     return table
 
 
-def _status_cells(row: GpuRow, now: float, view: ClusterView) -> list[Any]:
+def _status_cells(
+    row: GpuRow, now: float, view: ClusterView, usage: dict[str, dict[str, Any]]
+) -> list[Any]:
     g = row.gpu
     state = Text(row.state, style=STATE_STYLE.get(row.state, ""))
     if row.node in view.drains and row.state == "free":
@@ -51,6 +55,9 @@ def _status_cells(row: GpuRow, now: float, view: ClusterView) -> list[Any]:
         note = row.reason if not note else f"{note} ({row.reason})"
     if row.claim is not None and row.state == "claimed" and row.reason:
         note = f"{note} ({row.reason})".strip()
+    use = usage.get(row.claim.id) if row.claim is not None else None
+    if use and use.get("idle"):
+        state = Text(f"{row.state} (idle {format_duration(use['idle_for_s'])})", style="yellow dim")
     return [
         row.node,
         "-" if row.index is None else str(row.index),
@@ -93,8 +100,10 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     table.add_column(by.upper())
     table.add_column("GPU-HOURS", justify="right")
     table.add_column("CLAIMS", justify="right")
+    table.add_column("BUSY", justify="right")
     for row in rows:
-        table.add_row(str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]))
+        busy = "" if row.get("utilization_pct") is None else f"{row['utilization_pct']:.0f}%"
+        table.add_row(str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]), busy)
     return table
 
 

@@ -18,22 +18,36 @@ def status(
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.cli.render import status_summary, status_table
     from gpuclaim.cluster import build_view
+    from gpuclaim.idle import apply_policy, sample_view, usage_view
 
     st = state(ctx)
     st.dispatch_quietly()
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
     view = build_view(cfg, st.store, nodes, prober=st.prober)
+    summaries = sample_view(view, st.store, cfg.idle.threshold_pct)
+    apply_policy(cfg, st.store, view, summaries)
     if cfg.slack.webhook_url:
         from gpuclaim.notify import record_notices
 
         record_notices(view, st.store)
+    usage = {
+        cid: usage_view(summary, view.snapshot.now, cfg.idle.window_s)
+        for cid, summary in summaries.items()
+    }
     if as_json:
-        print_json([r.to_dict() for r in view.rows])
+        rows = []
+        for r in view.rows:
+            d = r.to_dict()
+            if d["claim"] is not None:
+                d["claim"]["usage"] = usage.get(r.claim.id) if r.claim else None
+                d["claim"]["idle"] = bool(d["claim"]["usage"] and d["claim"]["usage"]["idle"])
+            rows.append(d)
+        print_json(rows)
     else:
         console = out()
         console.print(f"[bold]{cfg.cluster}[/bold]: {status_summary(view)}")
-        console.print(status_table(view, view.snapshot.now))
+        console.print(status_table(view, view.snapshot.now, usage))
         for name in view.unreachable:
             console.print(f"[red]{name}: {view.inventories[name].error}[/red]")
     if view.unreachable:
