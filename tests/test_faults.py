@@ -1,0 +1,205 @@
+"""Faults: skewed clocks, broken storage, nodes dying mid-run, a network filesystem between hosts.
+
+Each one must end in a clear message and a true state: nothing lost, nobody misled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+def _faketime_env(offset: str) -> dict[str, str]:
+    if not Path(FAKETIME_LIB).exists():
+        pytest.fail("libfaketime is missing: apt-get install faketime", pytrace=False)
+    # NO_FAKE_STAT: a laptop whose clock is wrong still sees the file server's true mtimes.
+    # (monotonic is faked too: with DONT_FAKE_MONOTONIC, Python's time.sleep gets EINVAL)
+    return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": offset, "NO_FAKE_STAT": "1"}
+
+
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+def test_laptop_clock_off_by_ten_minutes(make_cluster, offset):
+    c = make_cluster({"node01": 2}, fast=True)
+    skewed = _faketime_env(offset)
+    # the skew is real for the CLI process
+    probe = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"],
+        env={**os.environ, **skewed},
+        capture_output=True,
+        text=True,
+    )
+    assert abs(float(probe.stdout) - time.time() - (600 if offset[0] == "+" else -600)) < 30
+    proc = c.cli("claim", "-n", "1", "--time", "5m", "--json", **skewed)
+    assert proc.returncode == 0, proc.stderr
+    claim = json.loads(proc.stdout)
+    # since/expires are on the storage's clock, not the skewed one
+    from gpuclaim.model import parse_iso
+
+    since = parse_iso(claim["since"])
+    assert abs(since - time.time()) < 30
+    # a skewed laptop neither expires it early nor shows a wrong time left
+    for env in (skewed, {}):
+        row = next(r for r in json.loads(c.cli("status", "--json", **env).stdout) if r["claim"])
+        assert row["state"] == "claimed"
+        text = c.cli("status", **env).stdout
+        assert any(left in text for left in ("4m", "5m")), text
+    # and a fresh claim by the skewed laptop does not take it over as "expired"
+    other = c.cli("claim", "--gpu", f"node01:{claim['gpus'][0]}", "--json", **skewed)
+    assert other.returncode == 3
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (root needed): {proc.stderr}", pytrace=False)
+
+
+@pytest.fixture
+def small_storage(make_cluster, tmp_path):
+    mnt = tmp_path / "small"
+    _mount_tmpfs(mnt, "256k")
+    c = make_cluster({"node01": 2}, fast=True)
+    text = c.config_path.read_text().replace(str(c.storage), str(mnt / "store"))
+    c.config_path.write_text(text)
+    c.storage = mnt / "store"
+    yield c, mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_read_only_storage_is_a_clear_error_and_nothing_changes(small_storage):
+    c, mnt = small_storage
+    claim = c.json("claim", "-n", "1")
+    before = sorted(p.name for p in (c.storage / "gpus").iterdir())
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    try:
+        for args in (["claim", "-n", "1"], ["release", claim["id"]], ["status"]):
+            proc = c.cli(*args)
+            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            line = proc.stderr.strip().splitlines()[-1]
+            assert "storage" in line and "Read-only file system" in line, line
+        doctor = c.cli("doctor")
+        assert doctor.returncode == 1
+        assert "Read-only file system" in doctor.stdout + doctor.stderr
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+    assert sorted(p.name for p in (c.storage / "gpus").iterdir()) == before
+    c.ok("release", claim["id"])
+
+
+def test_full_storage_is_a_clear_error_and_nothing_half_written(small_storage):
+    c, mnt = small_storage
+    c.ok("status")  # the store exists
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
+    proc = c.cli("claim", "-n", "1")
+    assert proc.returncode == 1, proc.stdout
+    assert "No space left on device" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list((c.storage / "gpus").iterdir())  # no half claim left behind
+    filler.unlink()
+    assert c.json("claim", "-n", "2")["gpus"] == [0, 1]
+
+
+def test_node_sshd_killed_mid_run(testbed, make_remote):
+    c = make_remote(testbed, nodes=["node01"], kill_grace="2s", heartbeat="1s")
+    c.ok("status")
+    # sshd dies between the claim and the launch: stop it while `run` is in flight
+    testbed.set_node("node01", delay_ms=1500)  # the probe is slow: time to pull the plug
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "run", "--name", "cut", "--", "sleep", "30"],
+        env=c.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    testbed.stop_node("node01")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode in (1, 3, 4), (out, err)
+    assert "Traceback" not in err
+    testbed.start_node("node01")
+    testbed.set_node("node01", delay_ms=None)
+    # the job is not silently "running", and its GPU is not held
+    jobs = [j for j in c.json("jobs", "--all") if j["name"] == "cut"]
+    assert all(j["state"] in ("failed", "killed") for j in jobs), jobs
+    assert all(r["state"] == "free" for r in c.status())
+
+
+def test_racing_claims_through_sshfs_mounts_from_several_nodes(make_testbed, make_remote, tmp_path):
+    """One store, seen through separate network-filesystem (sshfs) mounts, one per 'host';
+    claimers race through different mounts: still never two holders of one GPU."""
+    if shutil.which("sshfs") is None:
+        pytest.fail("sshfs is missing: apt-get install sshfs", pytrace=False)
+    tb = make_testbed(3, gpus=4)
+    real = tmp_path / "server-store"
+    real.mkdir()
+    mounts = []
+    try:
+        for node in tb.nodes:
+            mnt = tmp_path / f"mnt-{node}"
+            mnt.mkdir()
+            subprocess.run(
+                [
+                    "sshfs",
+                    "-F",
+                    str(tb.ssh_config),
+                    f"{node}:{real}",
+                    str(mnt),
+                    "-o",
+                    "cache=no,attr_timeout=0,entry_timeout=0,negative_timeout=0",
+                ],
+                check=True,
+                timeout=30,
+            )
+            mounts.append(mnt)
+        clusters = [make_remote(tb, nodes=["node01"], storage=str(m / "store")) for m in mounts]
+        clusters[0].ok("status")
+        for _ in range(4):
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "gpuclaim", "claim", "-n", "1", "--json"],
+                    env=c.env(user=f"u{i}"),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for i, c in enumerate(clusters + clusters[:3])  # 6 claimers, 3 mounts
+            ]
+            won = []
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                assert p.returncode in (0, 3), err
+                if p.returncode == 0:
+                    won.append(json.loads(out))
+            uuids = [u for w in won for u in w["gpu_uuids"]]
+            assert len(uuids) == len(set(uuids)), "two holders of one GPU through sshfs"
+            assert len(won) == 4
+            on_server = {
+                json.loads(f.read_text())["id"] for f in (real / "store" / "gpus").iterdir()
+            }
+            assert on_server == {w["id"] for w in won}
+            clusters[0].ok("release", "--force", *[w["id"] for w in won])
+    finally:
+        for mnt in mounts:
+            subprocess.run(["fusermount", "-u", "-z", str(mnt)], capture_output=True)
