@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from gpuclaim import __version__
-from gpuclaim.cli import admin, claim, history, jobs, setup, status
+from gpuclaim.cli import admin, board, claim, history, jobs, settings, setup, status
 from gpuclaim.cli.common import AppState
 from gpuclaim.errors import ExitCode, GpuclaimError
 
@@ -46,6 +46,7 @@ def _root(
 ) -> None:
     """Claim, check and run on a small team's shared GPU servers."""
     ctx.obj = AppState(config_path=config)
+    ctx.call_on_close(ctx.obj.finish)
 
 
 app.command("status", help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.")(
@@ -67,8 +68,11 @@ app.command("gc")(admin.gc)
 app.command("drain")(admin.drain)
 app.command("undrain")(admin.undrain)
 app.command("doctor")(admin.doctor)
+app.add_typer(settings.notify_app, name="notify")
+app.add_typer(settings.config_app, name="config")
 app.command("init")(setup.init)
 app.command("demo")(setup.demo)
+app.command("board")(board.board)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

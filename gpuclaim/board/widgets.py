@@ -1,0 +1,228 @@
+"""The board's widgets: the header line, the GPU table, the detail bar and the log panel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+from rich.text import Text
+from textual.widgets import DataTable, Log, Static
+
+from gpuclaim.board.cells import (
+    GLYPH,
+    STYLE,
+    Column,
+    display_state,
+    job_text,
+    short_model,
+)
+from gpuclaim.board.data import BoardData
+from gpuclaim.cluster import GpuRow
+from gpuclaim.durations import format_duration
+
+CellSig = tuple[str, str, tuple[object, ...]]
+
+
+class BoardHeader(Static):
+    """One line: the cluster, free/total GPUs, the queue, and how fresh the data is."""
+
+    DEFAULT_CSS = """
+    BoardHeader { dock: top; height: 1; background: $panel; padding: 0 1; }
+    """
+
+    def show(self, cluster: str, summaries: Sequence[Text], me: str, freshness: Text) -> None:
+        """The most that fits: the long summary, the user and freshness; else shorter."""
+        width = self.size.width - 2
+        rights = [Text.assemble((me, "bold cyan"), "  ", freshness), freshness]
+        choices = [(s, r) for r in rights for s in summaries]
+        for summary, right in choices:
+            left = Text.assemble((f"{cluster} ", "bold"), summary)
+            if left.cell_len + 1 + right.cell_len <= width:
+                break
+        room = max(0, width - right.cell_len - 1)
+        if left.cell_len > room:
+            left.truncate(room, overflow="ellipsis")
+        gap = max(1, width - left.cell_len - right.cell_len)
+        self.update(Text.assemble(left, " " * gap, right))
+
+
+class GpuTable(DataTable[Text]):
+    """The grid of GPUs (or of nodes, compact). Refreshes change only the cells that
+    changed, so an idle board costs little even with hundreds of GPUs."""
+
+    DEFAULT_CSS = """
+    GpuTable { height: 1fr; scrollbar-size-vertical: 1; }
+    GpuTable > .datatable--header { text-style: bold; }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
+        self._columns: list[Column] = []
+        self._keys: list[str] = []
+        self._cells: dict[str, list[Text]] = {}
+
+    @property
+    def row_keys(self) -> list[str]:
+        return list(self._keys)
+
+    @property
+    def selected_key(self) -> Optional[str]:
+        if not self._keys or not 0 <= self.cursor_row < len(self._keys):
+            return None
+        return self._keys[self.cursor_row]
+
+    def show(self, columns: Sequence[Column], rows: Sequence[tuple[str, list[Text]]]) -> None:
+        """Show these rows: cell updates when only values changed, else a rebuild that
+        keeps the cursor on the same GPU (or node)."""
+        keys = [key for key, _ in rows]
+        if list(columns) == self._columns and keys == self._keys:
+            for key, cells in rows:
+                old = self._cells.get(key)
+                if cells is old:  # the memo's very list: nothing changed
+                    continue
+                for i, (cell, col) in enumerate(zip(cells, columns)):
+                    if old is None or i >= len(old) or _sig(old[i]) != _sig(cell):
+                        self.update_cell(key, col.key, _fit(cell, col))
+                self._cells[key] = cells
+            return
+        selected = self.selected_key
+        if list(columns) != self._columns:
+            self.clear(columns=True)
+            for col in columns:
+                self.add_column(_fit(Text(col.label), col), width=col.width, key=col.key)
+        else:
+            self.clear()
+        for key, cells in rows:
+            self.add_row(*(_fit(c, col) for c, col in zip(cells, columns)), key=key)
+        self._columns, self._keys = list(columns), keys
+        self._cells = dict(rows)
+        if selected in keys:
+            self.move_cursor(row=keys.index(selected), animate=False)
+
+
+def _fit(cell: Text, col: Column) -> Text:
+    cell = cell.copy()
+    cell.no_wrap = True
+    cell.overflow = "ellipsis"
+    if col.right and cell.cell_len < col.width:
+        cell.pad_left(col.width - cell.cell_len)  # DataTable ignores Text.justify
+    return cell
+
+
+def _sig(cell: Text) -> CellSig:
+    # rich's Text equality ignores the base style: compare it too, or colour changes are lost
+    return (cell.plain, str(cell.style), tuple(cell.spans))
+
+
+class DetailBar(Static):
+    """Everything about the selected GPU that the table has no room for."""
+
+    DEFAULT_CSS = """
+    DetailBar { height: auto; max-height: 5; padding: 0 1; background: $boost;
+                border-top: hkey $primary 40%; }
+    """
+
+    def show_row(self, row: Optional[GpuRow], data: Optional[BoardData], me: str) -> None:
+        if row is None or data is None:
+            self.update(Text("no GPU selected", style="dim"))
+            return
+        lines = detail_lines(row, data, me)
+        width = max(10, self.size.width - 2)
+        for line in lines:  # cut, never wrapped: the bar's height stays put
+            if line.cell_len > width:
+                line.truncate(width, overflow="ellipsis")
+        self.update(Text("\n").join(lines))
+
+
+def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
+    """Up to four lines: the GPU, its claim and job, its processes, what you can do."""
+    state = display_state(row, data)
+    head = Text.assemble(
+        (row.node, "bold"),
+        f" GPU {row.index}" if row.index is not None else "",
+        "  ",
+        (f"{GLYPH.get(state, '?')} {state}", STYLE.get(state, "")),
+    )
+    g = row.gpu
+    if g is not None:
+        mem = "n/a"
+        if g.memory_total_mib:
+            mem = f"{(g.memory_used_mib or 0) / 1024:.1f}/{g.memory_total_mib / 1024:.0f} GiB"
+        util = "n/a" if g.utilization_pct is None else f"{g.utilization_pct}%"
+        head.append(f"  {short_model(g.name)} · {mem} · util {util}", style="dim")
+    inv = data.view.inventories.get(row.node)
+    if inv is not None and inv.driver_version:
+        head.append(f" · driver {inv.driver_version} ({inv.source})", style="dim")
+    if row.uuid:
+        head.append(f" · {row.uuid}", style="dim")
+    lines = [head]
+    claim = row.claim
+    if claim is not None:
+        who = "you" if claim.user == me else claim.user
+        line = Text.assemble(
+            "held by ",
+            (who, "bold cyan" if claim.user == me else "bold"),
+            f" for {format_duration(max(0.0, data.now - claim.since))}",
+            f", {format_duration(claim.expires - data.now)} left"
+            if claim.expires > data.now
+            else ", expired",
+            f" · claim {claim.id} (GPUs {','.join(map(str, claim.indices))})",
+        )
+        if claim.job:
+            line.append(" · job ")
+            line.append_text(job_text(claim.job, data))
+            job = data.jobs.get(claim.job)
+            if job is not None:
+                line.append(f" tmux {job.session}", style="dim")
+        use = data.usage.get(claim.id)
+        if use and use.get("idle"):
+            line.append(f" · idle {format_duration(use.get('idle_for_s') or 0)}", "yellow")
+        if use and use.get("mean_pct") is not None:
+            line.append(f" · mean util {use['mean_pct']:.0f}%", style="dim")
+        if claim.note:
+            line.append(f" · {claim.note}", style="italic")
+        lines.append(line)
+    if row.reason:
+        lines.append(Text(row.reason, style=STYLE.get(row.state, "dim")))
+    elif g is not None and g.processes:
+        procs = ", ".join(
+            f"{p.name.rsplit('/', 1)[-1]} ({p.pid}"
+            + (f", {p.user}" if p.user else "")
+            + (f", {p.used_memory_mib / 1024:.1f} GiB" if p.used_memory_mib is not None else "")
+            + ")"
+            for p in g.processes[:4]
+        )
+        lines.append(Text(f"processes: {procs}", style="dim"))
+    lines.append(_hints(row, me, data))
+    return lines
+
+
+def _hints(row: GpuRow, me: str, data: BoardData) -> Text:
+    claim = row.claim
+    keys: list[tuple[str, str]] = []
+    if row.state in ("free", "stale") or claim is None:
+        keys.append(("c", "claim"))
+    if claim is not None and claim.user == me:
+        keys.append(("r", "release"))
+    job = data.jobs.get(claim.job) if claim is not None and claim.job else None
+    if job is not None:
+        if job.user == me:
+            keys += [("k", "kill"), ("a", "attach")]
+        keys.append(("l", "log"))
+    text = Text()
+    for key, what in keys:
+        text.append(f" {key} ", style="reverse")
+        text.append(f" {what}  ", style="dim")
+    return text
+
+
+class LogPanel(Log):
+    """The tail of a job's log, following it while the panel is open."""
+
+    DEFAULT_CSS = """
+    LogPanel { display: none; height: 40%; border: round $primary; }
+    LogPanel.-open { display: block; }
+    """
+
+    job_id: Optional[str] = None
+    log_offset: Optional[int] = None  # where the next read starts; None: read the tail
