@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from gpuclaim.cluster import ClusterView, GpuRow, NodeProber, build_view
 from gpuclaim.config import Config, NodeConfig
@@ -42,6 +42,7 @@ class GcReport:
     incomplete: list[Claim] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
     swept: int = 0  # leftover staged files and locks of killed processes
+    lost_jobs: list[str] = field(default_factory=list)
 
 
 def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
@@ -227,7 +228,32 @@ def collect_garbage(store: Store, user: str) -> GcReport:
         if store.quarantine_corrupt(cf):
             report.corrupt.append(cf.uuid)
     report.swept = store.sweep()
+    report.lost_jobs = _finish_lost_jobs(store, snap)
     return report
+
+
+def _finish_lost_jobs(store: Store, snap: Any) -> list[str]:
+    """Jobs still marked running whose every claim is gone or lost: their node or wrapper went
+    away. Record them as lost (their claims were just collected), so none stays 'running'."""
+    from gpuclaim.jobs import finish_rank, load_jobs
+    from gpuclaim.model import ACTIVE_JOB_STATES
+
+    lost = []
+    for job in load_jobs(store):
+        if job.state not in ACTIVE_JOB_STATES or job.state == "queued" or not job.ranks:
+            continue
+        alive = [
+            r
+            for r in job.ranks
+            if r.claim_id in snap.claims and snap.claims[r.claim_id].state == "claimed"
+        ]
+        if alive:
+            continue
+        for r in job.ranks:
+            if r.state not in ("succeeded", "failed", "killed", "timeout", "lost"):
+                finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
+        lost.append(job.name)
+    return lost
 
 
 def drain_node(config: Config, store: Store, user: str, node: str, reason: str) -> None:

@@ -50,6 +50,8 @@ INCOMPLETE_GRACE_S = 60.0  # an incomplete claim older than this is abandoned
 LOCK_BREAK_S = 30.0  # a removal lock older than this is broken (its holder died)
 LOCK_WAIT_S = 10.0
 JOB_START_GRACE_S = 120.0  # a job's claim with no heartbeat yet: the launch is under way
+TAKEN_ENTRY_MAX_S = 300.0  # a queue entry taken for dispatch this long ago was abandoned
+LAUNCH_GRACE_S = 15.0  # ... unless the `run` that made it died here: its wrapper beats by then
 _SUBDIRS = (
     "gpus",
     "locks",
@@ -370,11 +372,22 @@ class ClaimStore:
                     result[claim_id] = ClaimStatus(claim, "stale", "incomplete", present)
             elif now >= claim.expires:
                 result[claim_id] = ClaimStatus(claim, "stale", "expired", present)
-            elif claim.job and _job_lost(claim, (beats or {}).get(claim.id), now):
+            elif claim.job and self._job_lost(claim, (beats or {}).get(claim.id), now):
                 result[claim_id] = ClaimStatus(claim, "stale", "job lost", present)
             else:
                 result[claim_id] = ClaimStatus(claim, "claimed", "", present)
         return result
+
+    def _job_lost(self, claim: Claim, beat: Optional[tuple[float, float]], now: float) -> bool:
+        """A job's claim whose wrapper stopped beating (node rebooted, tmux killed) is lost;
+        so is one whose wrapper never beat while the `run` that claimed it died here."""
+        if beat is not None:
+            last, interval = beat
+            return now - last > 3 * interval + 2
+        if now - claim.since > JOB_START_GRACE_S:
+            return True
+        launcher_dead = claim.host == self.host and claim.pid > 0 and not _pid_alive(claim.pid)
+        return launcher_dead and now - claim.since > LAUNCH_GRACE_S
 
     def _claimer_alive(self, claim: Claim) -> bool:
         """On the claimer's own host we can tell; elsewhere assume alive until the grace ends."""
@@ -526,6 +539,7 @@ class ClaimStore:
         """Remove what killed processes left behind: staged files and abandoned locks."""
         removed = 0
         now = self.now()
+        removed += self._return_abandoned_entries(now)
         for sub in ("tmp", "locks"):
             directory = self._p(sub)
             try:
@@ -707,22 +721,53 @@ class ClaimStore:
             return []
 
     def take_queue_entry(self, name: str) -> bool:
-        """Take an entry for dispatch; rename is atomic, so one dispatcher wins."""
+        """Take an entry for dispatch; rename is atomic, so one dispatcher wins. The taken
+        name says who took it, so a dispatcher killed meanwhile can be detected (sweep)."""
+        taken = self._p("queue", self._taken_name(name))
         try:
-            os.rename(self._p("queue", _safe(name)), self._p("queue", f".taken-{_safe(name)}"))
+            os.rename(self._p("queue", _safe(name)), taken)
         except FileNotFoundError:
             return False
+        try:
+            os.utime(taken)  # taken now: the age a sweep judges by
+        except OSError:
+            pass
         return True
 
     def return_queue_entry(self, name: str) -> None:
         """Put a taken entry back at its place (its name keeps its position)."""
         try:
-            os.rename(self._p("queue", f".taken-{_safe(name)}"), self._p("queue", _safe(name)))
+            os.rename(self._p("queue", self._taken_name(name)), self._p("queue", _safe(name)))
         except FileNotFoundError:
             pass
 
+    def _taken_name(self, name: str) -> str:
+        return f".taken.{self.host}.{os.getpid()}.{_safe(name)}"
+
+    def _return_abandoned_entries(self, now: float) -> int:
+        """Entries taken by a dispatcher that died (here), or long ago (elsewhere), go back."""
+        returned = 0
+        directory = self._p("queue")
+        for taken in os.listdir(directory):
+            if not taken.startswith(".taken."):
+                continue
+            host, pid_text, name = taken[len(".taken.") :].split(".", 2)
+            path = directory / taken
+            try:
+                age = now - os.stat(path).st_mtime
+            except FileNotFoundError:
+                continue
+            dead_here = host == self.host and pid_text.isdigit() and not _pid_alive(int(pid_text))
+            if dead_here or age > TAKEN_ENTRY_MAX_S:
+                try:
+                    os.rename(path, directory / name)
+                    returned += 1
+                except OSError:
+                    pass
+        return returned
+
     def finish_queue_entry(self, name: str) -> None:
-        _unlink_quiet(self._p("queue", f".taken-{_safe(name)}"))
+        _unlink_quiet(self._p("queue", self._taken_name(name)))
         _unlink_quiet(self._p("queue", _safe(name)))
 
     # -- drains -------------------------------------------------------------------------------
@@ -840,14 +885,6 @@ class ClaimStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _job_lost(claim: Claim, beat: Optional[tuple[float, float]], now: float) -> bool:
-    """A job's claim whose wrapper stopped beating (node rebooted, tmux killed) is lost."""
-    if beat is None:
-        return now - claim.since > JOB_START_GRACE_S
-    last, interval = beat
-    return now - last > 3 * interval + 2
 
 
 def _safe(name: str) -> str:

@@ -24,6 +24,7 @@ def gc(
                 "expired": [c.to_dict() for c in report.expired],
                 "incomplete": [c.to_dict() for c in report.incomplete],
                 "corrupt": report.corrupt,
+                "lost_jobs": report.lost_jobs,
             }
         )
         return
@@ -32,9 +33,11 @@ def gc(
         console.print(f"Expired: {c.node} GPU {','.join(map(str, c.indices))} of {c.user} ({c.id})")
     for c in report.incomplete:
         console.print(f"Abandoned half-made claim {c.id} of {c.user} on {c.node}: removed")
+    for name in report.lost_jobs:
+        console.print(f"Job {name}: its node or wrapper went away; recorded as lost")
     for u in report.corrupt:
         console.print(f"Damaged claim file for GPU {u}: moved to {st.store.root / 'corrupt'}")
-    if not (report.expired or report.incomplete or report.corrupt):
+    if not (report.expired or report.incomplete or report.corrupt or report.lost_jobs):
         console.print("Nothing to collect.")
 
 
