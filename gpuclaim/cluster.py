@@ -118,7 +118,7 @@ def build_view(
     prober: Optional[NodeProber] = None,
 ) -> ClusterView:
     """Probe (unless given inventories), read the store, and judge every GPU."""
-    selected = list(nodes or config.nodes)
+    selected = list(config.nodes) if nodes is None else list(nodes)
     if inventories is None:
         inventories = (prober or NodeProber(config)).probe(selected)
     snap = store.snapshot()

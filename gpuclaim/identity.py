@@ -37,3 +37,14 @@ def validate_name(value: str, what: str) -> str:
 
 def this_host() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
+
+
+NOTE_LIMIT = 200
+
+
+def clean_note(note: str, what: str = "--note") -> str:
+    """One printable line, bounded: notes are shown in tables, on the board, Slack and JSON."""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in note).strip()
+    if len(cleaned) > NOTE_LIMIT:
+        raise UsageError(f"{what} is limited to {NOTE_LIMIT} characters")
+    return cleaned

@@ -471,7 +471,7 @@ class ClaimStore:
         """Exclusive lock for removing or rewriting one GPU's claim file, safe across NFS."""
         lock = self._p("locks", f"{gpu_uuid}.lock")
         body = _encode({"host": self.host, "pid": os.getpid(), "ts": time.time()})
-        tmp = self._stage(body)
+        tmp = self._stage(body, sync=False)
         deadline = time.monotonic() + LOCK_WAIT_S
         try:
             delay = 0.002
@@ -497,7 +497,7 @@ class ClaimStore:
         """The lock ``name`` if nobody holds it (or its holder died), else None at once."""
         lock = self._p("locks", f"{name}.lock")
         body = _encode({"host": self.host, "pid": os.getpid(), "ts": time.time()})
-        tmp = self._stage(body)
+        tmp = self._stage(body, sync=False)
         try:
             taken = _link_exclusive(tmp, lock)
             if not taken and self._lock_abandoned(lock):
@@ -641,7 +641,9 @@ class ClaimStore:
     def beat(self, claim_id: str, interval: float) -> None:
         """A job wrapper's sign of life for its claim (the file's mtime is the storage clock)."""
         path = self._p("beats", _safe(claim_id))
-        tmp = self._stage(_encode({"interval": interval, "host": self.host, "pid": os.getpid()}))
+        tmp = self._stage(
+            _encode({"interval": interval, "host": self.host, "pid": os.getpid()}), sync=False
+        )
         os.rename(tmp, path)
 
     def drop_beat(self, claim_id: str) -> None:
@@ -664,7 +666,7 @@ class ClaimStore:
                 summary = fold_sample(
                     current, float(sample["since"]), now, list(sample["utils"]), threshold_pct
                 )
-                tmp = self._stage(_encode(summary))
+                tmp = self._stage(_encode(summary), sync=False)
                 os.rename(tmp, path)
 
     def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
@@ -863,18 +865,19 @@ class ClaimStore:
             yield
 
     # -- helpers ------------------------------------------------------------------------------
-    def _stage(self, payload: bytes) -> Path:
-        """A complete, fsynced file in tmp/, ready to be linked or renamed into place."""
+    def _stage(self, payload: bytes, sync: bool = True) -> Path:
+        """A complete file in tmp/, ready to be linked or renamed into place; fsynced unless
+        it is a lock or a summary that a crash may lose (claims and jobs always are)."""
         tmp = self._p("tmp", f"{self.host}.{os.getpid()}.{_nonce()}")
         try:
-            self._write_new(tmp, payload)
+            self._write_new(tmp, payload, sync)
         except OSError as exc:
             _unlink_quiet(tmp)
             raise StoreError(f"cannot write to storage {self.root}: {exc.strerror}") from exc
         return tmp
 
     @staticmethod
-    def _write_new(path: Path, payload: bytes) -> None:
+    def _write_new(path: Path, payload: bytes, sync: bool = True) -> None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
         try:
             _fix_mode(fd)
@@ -882,7 +885,8 @@ class ClaimStore:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

@@ -56,15 +56,18 @@ def row_text(app: BoardApp, node: str, index: Optional[int]) -> str:
 async def select(pilot: Any, app: BoardApp, node: str, index: Optional[int]) -> None:
     """Move the cursor to a GPU with the arrow keys, as a user would."""
     table = app.table
-    keys = table.row_keys
-    target = next(
-        i
-        for i, k in enumerate(keys)
-        if (app.rows_for(k)[0].node, app.rows_for(k)[0].index) == (node, index)
-    )
-    step = "down" if target > table.cursor_row else "up"
-    for _ in range(abs(target - table.cursor_row)):
-        await pilot.press(step)
+    for _ in range(5):  # a refresh landing between the key presses may reorder: try again
+        target = next(
+            i
+            for i, k in enumerate(table.row_keys)
+            if (app.rows_for(k)[0].node, app.rows_for(k)[0].index) == (node, index)
+        )
+        step = "down" if target > table.cursor_row else "up"
+        for _ in range(abs(target - table.cursor_row)):
+            await pilot.press(step)
+        await pilot.pause()
+        if table.cursor_row == target:
+            return
     assert table.cursor_row == target
 
 

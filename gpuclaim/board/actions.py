@@ -12,11 +12,10 @@ from gpuclaim.board.services import BoardServices
 from gpuclaim.claims import ClaimRequest, claim_gpus, release_claims
 from gpuclaim.cluster import GpuRow
 from gpuclaim.durations import format_duration
-from gpuclaim.errors import GpuclaimError, UsageError
+from gpuclaim.errors import GpuclaimError
+from gpuclaim.identity import clean_note as core_clean_note
 from gpuclaim.jobs import dispatch_queue, kill_job
 from gpuclaim.model import Claim, Job
-
-NOTE_LIMIT = 200  # as the CLI's --note
 
 
 @dataclass(frozen=True)
@@ -30,11 +29,8 @@ class ClaimForm:
 
 
 def clean_note(note: str) -> str:
-    """One printable line, bounded: notes are shown in tables, Slack and JSON."""
-    cleaned = "".join(ch if ch.isprintable() else " " for ch in note).strip()
-    if len(cleaned) > NOTE_LIMIT:
-        raise UsageError(f"the note is limited to {NOTE_LIMIT} characters")
-    return cleaned
+    """The core's note rule, worded for the dialog."""
+    return core_clean_note(note, "the note")
 
 
 def claim(services: BoardServices, form: ClaimForm) -> Claim:

@@ -9,6 +9,7 @@ import typer
 from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.durations import format_duration, parse_duration
 from gpuclaim.errors import UsageError
+from gpuclaim.identity import clean_note
 
 
 def claim(
@@ -46,7 +47,7 @@ def claim(
         node=node,
         exact=exact,
         duration_s=parse_duration(time) if time else None,
-        note=_clean_note(note),
+        note=clean_note(note),
         adopt=adopt,
     )
     result = claim_gpus(st.config, st.store, req, st.prober)
@@ -110,11 +111,3 @@ def extend(
     now = st.store.now()
     for c in extended:
         out().print(f"Claim {c.id} now ends in {format_duration(c.expires - now)}.")
-
-
-def _clean_note(note: str) -> str:
-    # Notes are shown in tables, Slack and JSON: one line, no control characters, bounded.
-    cleaned = "".join(ch if ch.isprintable() else " " for ch in note).strip()
-    if len(cleaned) > 200:
-        raise UsageError("--note is limited to 200 characters")
-    return cleaned

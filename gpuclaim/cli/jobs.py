@@ -195,7 +195,7 @@ def attach(
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
     argv = attach_command(st.config, job.ranks[rank].node, job.session)
     sys.stdout.flush()
-    os.execvp(argv[0], argv)
+    _exec_outside_tmux(argv)
 
 
 def kill(
@@ -248,7 +248,7 @@ def shell(
         from gpuclaim.jobs import attach_command
 
         argv = attach_command(st.config, job.ranks[0].node, job.session)
-        os.execvp(argv[0], argv)
+        _exec_outside_tmux(argv)
 
 
 def notebook(
@@ -301,3 +301,9 @@ def _parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
             raise UsageError(f"--env wants NAME=VALUE with a valid variable name, got {item!r}")
         result.append((key, value))
     return tuple(result)
+
+
+def _exec_outside_tmux(argv: list[str]) -> None:
+    """Become the attaching client; from inside tmux, tmux refuses to nest unless TMUX is unset."""
+    env = {k: v for k, v in os.environ.items() if k != "TMUX"}
+    os.execvpe(argv[0], argv, env)

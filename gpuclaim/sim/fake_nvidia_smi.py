@@ -313,6 +313,10 @@ def live_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
                 env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         if env.get("GPUCLAIM_NODE") != node or not env.get("CUDA_VISIBLE_DEVICES", "").strip():
             continue
+        # Same node name in another simulated cluster (another test, another sandbox)?
+        state = os.environ.get("GPUCLAIM_SIM_STATE")
+        if state and env.get("GPUCLAIM_SIM_STATE") not in (None, state):
+            continue
         argv0 = cmdline.split(b"\0")[0].decode("utf-8", "replace")
         if argv0:
             jobs.append((pid, argv0, env))
