@@ -118,10 +118,16 @@ def main() -> None:
     ap.add_argument("--nodes", default="1,4,16")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--delay-ms", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="Print one JSON line at the end.")
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
         table = {n: bench_n(n, args.repeat, args.delay_ms, Path(tmp)) for n in sizes}
+    if args.json:
+        import json
+
+        print(json.dumps({"delay_ms": args.delay_ms, "table": table}))
+        return
     methods = list(next(iter(table.values())))
     print(
         f"\nfan-out, median of {args.repeat}, seconds "

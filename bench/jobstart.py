@@ -43,6 +43,7 @@ def wait_for(path: Path, text: str, timeout: float = 30.0) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="Print one JSON line.")
     args = ap.parse_args()
     tb = Testbed.up(1, gpus=4)
     try:
@@ -95,6 +96,11 @@ def main() -> None:
     finally:
         tb.down()
     hand, mine = statistics.median(by_hand), statistics.median(ours)
+    if args.json:
+        import json
+
+        print(json.dumps({"by_hand_s": hand, "gpuclaim_s": mine, "ratio": mine / hand}))
+        return
     print(f"\njob start to first output, median of {args.repeat} ({os.cpu_count()} CPUs)")
     print(f"ssh node tmux new -d (by hand)  {hand:.3f} s")
     print(f"gpuclaim run                    {mine:.3f} s")

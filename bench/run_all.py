@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The whole benchmark suite in one command (under 10 minutes on 2 cores): gpuclaim against
+the plain tools, measured side by side in the same run, as one table of medians and ratios.
+
+    python bench/run_all.py [--quick]
+
+Each part is its own script (run them alone for details): startup.py, claims.py, fanout.py,
+jobstart.py, board.py. Machines are noisy: read the ratios, never a lone absolute time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def run(script: str, *args: str) -> str:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=900
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    print(f"  {script} {' '.join(args)}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return proc.stdout
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="Fewer repeats and sizes.")
+    args = ap.parse_args()
+    rep = "2" if args.quick else "3"
+    sizes = "1,4,16" if args.quick else "1,4,16,32"
+    t0 = time.monotonic()
+    print("running (each part also runs alone from bench/):", file=sys.stderr)
+    startup = last_json(run("startup.py", "--repeat", "5" if args.quick else "10", "--nodes", "32"))
+    claims = last_json(run("claims.py", "--seconds", "5" if args.quick else "8"))
+    direct = last_json(run("fanout.py", "--nodes", sizes, "--repeat", rep, "--json"))
+    delayed = last_json(
+        run("fanout.py", "--nodes", "1,16", "--repeat", rep, "--delay-ms", "30", "--json")
+    )
+    jobs = last_json(run("jobstart.py", "--repeat", "3" if args.quick else "5", "--json"))
+    board = run("board.py", "--repeat", "10", "--idle", "10", "--transport", "ssh")
+    total = time.monotonic() - t0
+
+    print(
+        f"# gpuclaim benchmarks — {platform.node()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}\n"
+    )
+    print("## 1. Cluster view fan-out (median seconds; cold = new process, new connections)\n")
+    for label, data in (("loopback", direct), ("30 ms RTT", delayed)):
+        table = data["table"]
+        ns = list(table)
+        methods = list(next(iter(table.values())))
+        print(f"{label:<10}" + "".join(f"{'N=' + n:>10}" for n in ns))
+        for m in methods:
+            print(f"{m:<10}" + "".join(f"{table[n][m]:>10.3f}" for n in ns))
+        first, last = ns[0], ns[-1]
+        cold_vs_pdsh = ", ".join(
+            f"N={n} {table[n]['cold'] / table[n]['pdsh']:.2f}" for n in ns if "pdsh" in table[n]
+        )
+        print(f"  cold / pdsh: {cold_vs_pdsh}   (target <= 0.5)")
+        print(
+            f"  cold N={last} / cold N={first}: "
+            f"{table[last]['cold'] / table[first]['cold']:.2f}   (target <= 2)"
+        )
+        print(
+            f"  warm N={last} / warm N={first}: {table[last]['warm'] / table[first]['warm']:.2f}\n"
+        )
+    print("## 2. Start-up (median seconds)\n")
+    print(
+        f"python -c pass {startup['python_pass_s']:.3f}   gpuclaim --help {startup['help_s']:.3f}"
+        f" (+{startup['help_minus_floor_ms']} ms, target <= +150)   status, local mode "
+        f"{startup['status_local_s']:.3f} (+{startup['status_minus_floor_ms']} ms)\n"
+    )
+    print("## 3. Claims (local store)\n")
+    print(
+        f"claim+release: store {claims['claim_release_store_ms']} ms, whole CLI step "
+        f"{claims['claim_release_cli_ms']} ms; {claims['workers']} racing processes: "
+        f"{claims['racing_claims_per_s']} claims/s, {claims['racing_lost_races']} lost races, "
+        f"double holders {claims['double_holders']} (must be 0)\n"
+    )
+    print("## 4. Job start (run → first line of output)\n")
+    print(
+        f"ssh node tmux new -d (by hand) {jobs['by_hand_s']:.3f} s, gpuclaim run "
+        f"{jobs['gpuclaim_s']:.3f} s, ratio {jobs['ratio']:.2f} (target <= 2)\n"
+    )
+    print("## 5. Board\n")
+    print(board.strip() + "\n")
+    print("## 6. Memory (peak RSS, 32 nodes)\n")
+    print(f"status {startup['status_rss_mib']:.0f} MiB, board {startup['board_rss_mib']:.0f} MiB\n")
+    print(f"(whole suite: {total:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
