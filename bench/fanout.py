@@ -55,7 +55,9 @@ def run(argv: list[str], env: dict[str, str], lines: int) -> None:
         raise SystemExit(f"{argv[:3]}: expected {lines} lines, got {got}")
 
 
-def bench_n(n: int, repeat: int, delay_ms: int, work: Path) -> dict[str, float]:
+def bench_n(
+    n: int, repeat: int, delay_ms: int, work: Path, clients: tuple[str, ...] = ("fabric",)
+) -> dict[str, float]:
     tb = Testbed.up(n, gpus=4, delay_ms=delay_ms)
     try:
         cfg = tb.ssh_config_delayed if delay_ms else tb.ssh_config
@@ -89,6 +91,12 @@ def bench_n(n: int, repeat: int, delay_ms: int, work: Path) -> dict[str, float]:
         run(gpuclaim, genv, 0)  # first call sends the agent to every node; then it is cached
         results["cold"] = timed(lambda: run(gpuclaim, genv, 4 * n), repeat)
         results["warm"] = _warm(config, genv, repeat)
+        if "openssh" in clients:
+            text = config.read_text().replace("\nnodes = ", '\nssh_client = "openssh"\nnodes = ', 1)
+            config.write_text(text)
+            run(gpuclaim, genv, 0)  # starts the ControlMasters, which then persist
+            results["cold-cm"] = timed(lambda: run(gpuclaim, genv, 4 * n), repeat)
+            subprocess.run(["ssh", "-F", str(cfg), "-O", "exit", "x"], capture_output=True)
         return results
     finally:
         tb.down()
@@ -119,10 +127,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="Print one JSON line at the end.")
+    ap.add_argument("--clients", default="fabric,openssh", help="gpuclaim SSH clients to time.")
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
+    clients = tuple(args.clients.split(","))
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
-        table = {n: bench_n(n, args.repeat, args.delay_ms, Path(tmp)) for n in sizes}
+        table = {n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), clients) for n in sizes}
     if args.json:
         import json
 

@@ -45,6 +45,7 @@ _TOP_KEYS = {
     "ssh_config",
     "user",
     "agent_command",
+    "ssh_client",
     "defaults",
     "node",
     "slack",
@@ -119,6 +120,7 @@ class Config:
     ssh_config: Optional[str] = None
     user: Optional[str] = None
     agent_command: Optional[str] = None  # an installed agent instead of the one we send
+    ssh_client: str = "fabric"  # or "openssh": the ssh binary with ControlMaster multiplexing
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
@@ -238,6 +240,9 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     agent_command = raw.get("agent_command")
     if agent_command is not None and (not isinstance(agent_command, str) or not agent_command):
         raise ConfigError("'agent_command' must be a command line (a string)")
+    ssh_client = _str(raw, "ssh_client", "fabric")
+    if ssh_client not in ("fabric", "openssh"):
+        raise ConfigError(f'\'ssh_client\' must be "fabric" or "openssh", not {ssh_client!r}')
     return Config(
         path=path,
         cluster=cluster,
@@ -246,6 +251,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         ssh_config=ssh_config,
         user=user,
         agent_command=agent_command,
+        ssh_client=ssh_client,
         limits=_limits(_table(raw, "defaults")),
         slack=_slack(_table(raw, "slack")),
         idle=_idle(_table(raw, "idle")),

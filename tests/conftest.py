@@ -194,6 +194,7 @@ class RemoteCluster(CliDriver):
         storage: Optional[str] = None,
         nodes: Optional[list[str]] = None,
         extra_toml: str = "",
+        ssh_client: Optional[str] = None,
         **defaults: Any,
     ) -> None:
         self.root = root
@@ -210,6 +211,8 @@ class RemoteCluster(CliDriver):
             ssh_config=str(testbed.ssh_config),
             defaults={"connect_timeout": "3s", "deadline": "15s", **defaults},
         )
+        if ssh_client:
+            text = text.replace("\nnodes = ", f'\nssh_client = "{ssh_client}"\nnodes = ', 1)
         self.config_path.write_text(text + extra_toml)
         self.config_path.chmod(0o600)
 

@@ -8,7 +8,11 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from conftest import gpu
 
@@ -264,3 +268,29 @@ def test_two_users_racing_through_ssh_storage_never_share(testbed, make_remote, 
             if p.is_alive():
                 p.kill()
     assert granted_total >= rounds
+
+
+def test_openssh_transport_with_controlmaster(testbed, make_remote):
+    """ssh_client = "openssh": the ssh binary, masters kept between calls."""
+    c = make_remote(testbed, ssh_client="openssh")
+    env_dir = Path(tempfile.mkdtemp(prefix="gcrt-", dir="/tmp"))  # socket paths must be short
+    extra = {"XDG_RUNTIME_DIR": str(env_dir)}
+    proc = c.cli("status", "--json", **extra)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)) == 12
+    masters = list((env_dir / "gpuclaim-cm").iterdir())
+    assert len(masters) == 3  # one persistent master per node
+    # jobs go through it too
+    proc = c.cli("run", "--name", "via-openssh", "--", "true", **extra)
+    assert proc.returncode == 0, proc.stderr
+    # a dead node is still a row and exit 4
+    testbed.stop_node("node02")
+    subprocess_exit = c.cli("status", "--json", **extra)
+    assert subprocess_exit.returncode == 4
+    rows = json.loads(subprocess_exit.stdout)
+    assert {r["state"] for r in rows if r["node"] == "node02"} == {"unreachable"}
+    for master in masters:  # the masters persist on purpose: close them
+        subprocess.run(
+            ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
+        )
+    shutil.rmtree(env_dir, ignore_errors=True)

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from gpuclaim import errors
 from gpuclaim.errors import GpuclaimError, UnreachableError
 from gpuclaim.remote.bundle import agent_bundle
-from gpuclaim.remote.ssh import SshPool
+from gpuclaim.remote.ssh import CommandResult
 
 _MISSING = 117  # our sentinel exit status: the cached agent file is not on the node
+
+
+class CommandRunner(Protocol):
+    """An SSH transport: fabric's pool (``SshPool``) or the ssh binary (``OpenSshPool``)."""
+
+    def run(
+        self, alias: str, command: str, stdin: Optional[bytes] = None, timeout: float = 30.0
+    ) -> CommandResult: ...
 
 
 class AgentClient:
     """Sends JSON requests to ``python3 agent.pyz`` on a node (uploading it when missing),
     or to an installed ``agent_command`` when the config names one."""
 
-    def __init__(self, pool: SshPool, agent_command: Optional[str] = None) -> None:
+    def __init__(self, pool: CommandRunner, agent_command: Optional[str] = None) -> None:
         self.pool = pool
         self.agent_command = agent_command
 

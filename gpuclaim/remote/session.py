@@ -8,5 +8,12 @@ from gpuclaim.remote.ssh import SshPool
 
 
 def open_agent(config: Config) -> AgentClient:
+    if config.ssh_client == "openssh":
+        from gpuclaim.remote.openssh import OpenSshPool
+
+        return AgentClient(
+            OpenSshPool(config.ssh_config_path, config.limits.connect_timeout_s),
+            config.agent_command,
+        )
     pool = SshPool(config.ssh_config_path, config.limits.connect_timeout_s)
     return AgentClient(pool, config.agent_command)

@@ -1,0 +1,86 @@
+"""The OpenSSH binary as transport, with ControlMaster multiplexing.
+
+fabric keeps connections only for the life of a process; ``ssh`` with ``ControlPersist``
+keeps one master per host between gpuclaim calls, so a command after the first costs one
+round trip instead of a new key exchange, and no paramiko import. Host keys, ProxyJump,
+Include and everything else are ssh's own handling of your ssh config.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from gpuclaim.errors import UnreachableError
+from gpuclaim.remote.ssh import CommandResult
+
+PERSIST = "10m"
+
+
+def control_dir() -> Path:
+    """Where the master sockets live: private, and short, because a unix socket path must
+    fit in 108 bytes and ``%C`` adds a 40-character hash."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
+    path = base / "gpuclaim-cm"
+    if len(str(path)) > 60:
+        path = Path(tempfile.gettempdir()) / f"gpuclaim-cm-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid != os.getuid():
+        raise UnreachableError(f"{path} belongs to someone else: not using it for ssh sockets")
+    return path
+
+
+class OpenSshPool:
+    """Same interface as ``SshPool``: ``run(alias, command, stdin, timeout)``."""
+
+    def __init__(self, ssh_config_path: Optional[Path] = None, connect_timeout: float = 5.0):
+        binary = shutil.which("ssh")
+        if binary is None:
+            raise UnreachableError('ssh_client = "openssh" needs the ssh binary (openssh-client)')
+        self.base = [
+            binary,
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control_dir()}/%C",
+            "-o",
+            f"ControlPersist={PERSIST}",
+            "-o",
+            f"ConnectTimeout={max(1, round(connect_timeout))}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        if ssh_config_path is not None:
+            self.base += ["-F", str(ssh_config_path)]
+
+    def run(
+        self, alias: str, command: str, stdin: Optional[bytes] = None, timeout: float = 30.0
+    ) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                [*self.base, "--", alias, command],
+                input=stdin or b"",
+                capture_output=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
+        if proc.returncode == 255:  # ssh's own failure, not the command's
+            message = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            reason = message[-1] if message else "ssh failed"
+            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in proc.stderr.decode("utf-8", "replace"):
+                reason = "HOST KEY CHANGED: refusing to connect (ssh-keygen -R if reinstalled)"
+            raise UnreachableError(f"{alias}: {reason}")
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def forget(self, alias: str) -> None:
+        subprocess.run([*self.base, "-O", "exit", alias], capture_output=True, timeout=10)
+
+    def close(self) -> None:
+        """Masters outlive us on purpose (ControlPersist): the next call reuses them."""
