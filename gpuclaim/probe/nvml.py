@@ -8,12 +8,11 @@ is a :class:`~gpuclaim.errors.ProbeError`; per-device queries a part does not su
 
 from __future__ import annotations
 
-import pwd
-from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.errors import ProbeError
 from gpuclaim.model import Gpu, GpuProcess, NodeInventory
+from gpuclaim.probe.local import process_user
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -106,7 +105,7 @@ def _processes(nv: Any, handles: list[Any], uuid: str) -> tuple[GpuProcess, ...]
             pid=pid,
             name=_process_name(nv, pid),
             used_memory_mib=memory[pid],
-            user=_process_user(pid),
+            user=process_user(pid),
             gpu_uuid=uuid,
             kind=kind,
         )
@@ -146,18 +145,6 @@ def _process_name(nv: Any, pid: int) -> str:
         if text:
             return text
     return _optional(nv, lambda: _text(nv.nvmlSystemGetProcessName(pid))) or ""
-
-
-def _process_user(pid: int) -> Optional[str]:
-    """Owner of /proc/<pid>: the login name, ``uid<N>`` without a passwd entry, None if gone."""
-    try:
-        uid = Path(f"/proc/{pid}").stat().st_uid
-    except OSError:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid{uid}"
 
 
 def _optional(nv: Any, call: Callable[[], T]) -> Optional[T]:
