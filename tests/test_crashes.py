@@ -180,9 +180,23 @@ def test_sigkill_of_run_and_queue_dispatch_leaves_true_states(make_cluster):
     for trial in range(RUN_TRIALS):
         queue = ["--queue"] if trial % 3 == 0 else []
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuclaim", "run", "-n", str(rng.choice((1, 2))), *queue,
-             "--name", f"t{trial}", "--", "sleep", "1"],
-            env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "gpuclaim",
+                "run",
+                "-n",
+                str(rng.choice((1, 2))),
+                *queue,
+                "--name",
+                f"t{trial}",
+                "--",
+                "sleep",
+                "1",
+            ],
+            env=cluster.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(rng.uniform(0.1, 1.2))
         proc.kill()
