@@ -1,0 +1,130 @@
+"""``export slurm`` and ``export sbatch``: the way on to SLURM."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gpuclaim.cli.common import err, out, state
+from gpuclaim.errors import ExitCode, UsageError
+
+app = typer.Typer(
+    help="Write SLURM's configuration and job scripts, to move on to SLURM.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@app.command("slurm")
+def slurm(
+    ctx: typer.Context,
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the files to."),
+    controller: Optional[str] = typer.Option(
+        None, "--controller", help="Host for slurmctld and slurmdbd (default: the first node)."
+    ),
+) -> None:
+    """slurm.conf, gres.conf, cgroup.conf and MIGRATION.md for this cluster's nodes."""
+    from gpuclaim import slurm_export as se
+
+    st = state(ctx)
+    nodes, skipped = se.gather_inventory(st.config, st.prober)
+    if not nodes:
+        reasons = "; ".join(f"{n}: {why}" for n, why in skipped.items())
+        raise UsageError(f"no node answered, nothing written ({reasons})")
+    opts = se.ExportOptions(
+        cluster=st.config.cluster,
+        controller=controller,
+        default_time_s=st.config.limits.default_time_s,
+        max_time_s=st.config.limits.max_time_s,
+        skipped=tuple(skipped.items()),
+    )
+    files = {
+        "slurm.conf": se.render_slurm_conf(nodes, opts),
+        "gres.conf": se.render_gres_conf(nodes),
+        "cgroup.conf": se.render_cgroup_conf(),
+        "MIGRATION.md": se.render_migration_md(nodes, opts),
+    }
+    _write(out_dir, files)
+    parts = ", ".join(p.name for p in se.plan_partitions(nodes))
+    out().print(f"Wrote {', '.join(files)} to {out_dir} ({len(nodes)} nodes; partitions {parts}).")
+    out().print(f"Next: read {out_dir / 'MIGRATION.md'}.")
+    if skipped:
+        for name, why in skipped.items():
+            err().print(f"warning: {name} is not in slurm.conf: {why}")
+        raise typer.Exit(ExitCode.UNREACHABLE)
+
+
+@app.command("sbatch")
+def sbatch(
+    ctx: typer.Context,
+    name: Optional[str] = typer.Argument(None, help="Job name or id (yours)."),
+    history: Optional[int] = typer.Option(
+        None, "--history", min=1, metavar="DAYS", help="Every job of the last DAYS days."
+    ),
+    all_users: bool = typer.Option(False, "--all-users", help="With --history: everyone's."),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Directory for NAME.sbatch files (default: print one)."
+    ),
+) -> None:
+    """An sbatch script per job: its command, environment, directory, GPUs and time limit."""
+    from gpuclaim.jobs import find_job, load_jobs
+    from gpuclaim.slurm_export import jobs_since
+
+    st = state(ctx)
+    if (name is None) == (history is None):
+        raise UsageError("give a job NAME or --history DAYS")
+    if history is not None and out_dir is None:
+        raise UsageError("--history writes one file per job: add --out DIR")
+    if name is not None:
+        jobs = [find_job(st.store, st.user, name, active_only=False)]
+    else:
+        since = st.store.now() - (history or 0) * 86400
+        jobs = jobs_since(load_jobs(st.store), since, None if all_users else st.user)
+        if not jobs:
+            out().print(f"No jobs {'' if all_users else 'of yours '}in the last {history} days.")
+            return
+    scripts, skipped = _scripts(st, jobs, all_users)
+    for job_name, why in skipped:
+        err().print(f"skipped {job_name}: {why}")
+    if out_dir is None:
+        if not scripts:
+            raise typer.Exit(ExitCode.ERROR)
+        sys.stdout.write(next(iter(scripts.values())))
+        return
+    _write(out_dir, scripts)
+    out().print(f"Wrote {len(scripts)} script(s) to {out_dir}: {', '.join(scripts) or 'none'}.")
+    if not scripts:
+        raise typer.Exit(ExitCode.ERROR)
+
+
+def _scripts(
+    st: Any, jobs: list[Any], all_users: bool
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """{file name: script}, and (job, why) for the jobs that have no batch form."""
+    from gpuclaim import slurm_export as se
+    from gpuclaim.errors import GpuclaimError
+
+    nodes, _ = se.gather_inventory(st.config, st.prober)
+    scripts: dict[str, str] = {}
+    skipped = []
+    for job in jobs:
+        node = job.ranks[0].node if job.ranks else job.node
+        gpu_type = se.job_gpu_type(nodes, job)
+        partition = se.partition_for(nodes, node, gpu_type) if nodes else None
+        try:
+            text = se.render_sbatch(job, gpu_type, partition)
+        except GpuclaimError as exc:
+            skipped.append((job.name, exc.message))
+            continue
+        stem = f"{job.user}-{job.name}" if all_users else job.name
+        scripts[f"{stem}.sbatch"] = text
+    return scripts, skipped
+
+
+def _write(out_dir: Path, files: dict[str, str]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for file_name, text in files.items():
+        (out_dir / file_name).write_text(text, encoding="utf-8")
