@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from gpuclaim.cli.common import out, print_json, state
+from gpuclaim.cli import completion
+from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
 from gpuclaim.errors import ExitCode
 
 
 def gc(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print what was collected as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
     from gpuclaim.claims import collect_garbage
@@ -18,6 +20,8 @@ def gc(
     st = state(ctx)
     report = collect_garbage(st.store, st.user)
     st.dispatch_quietly()
+    if quiet:
+        return
     if as_json:
         print_json(
             {
@@ -43,23 +47,47 @@ def gc(
 
 def drain(
     ctx: typer.Context,
-    node: str = typer.Argument(..., help="The node to take out of service."),
+    node: str = typer.Argument(
+        ...,
+        metavar="NODE",
+        help="The node to take out of service.",
+        autocompletion=completion.complete_nodes,
+    ),
     reason: str = typer.Option("", "--reason", help="Why (shown in status)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the node's drain state as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Stop new claims on NODE (existing claims stay until released)."""
     from gpuclaim.claims import drain_node
 
     st = state(ctx)
     drain_node(st.config, st.store, st.user, node, reason)
+    if quiet:
+        return
+    if as_json:
+        print_json({"node": node, "drained": True, "reason": reason, "user": st.user})
+        return
     out().print(f"{node} drained: no new claims there until 'gpuclaim undrain {node}'.")
 
 
-def undrain(ctx: typer.Context, node: str = typer.Argument(..., help="The node.")) -> None:
+def undrain(
+    ctx: typer.Context,
+    node: str = typer.Argument(
+        ..., metavar="NODE", help="The node.", autocompletion=completion.complete_nodes
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the node's drain state as JSON."),
+    quiet: bool = quiet_option(),
+) -> None:
     """Allow new claims on NODE again."""
     from gpuclaim.claims import undrain_node
 
     st = state(ctx)
-    if undrain_node(st.config, st.store, st.user, node):
+    was_drained = undrain_node(st.config, st.store, st.user, node)
+    if quiet:
+        return
+    if as_json:
+        print_json({"node": node, "drained": False, "was_drained": was_drained})
+    elif was_drained:
         out().print(f"{node} is open for claims again.")
     else:
         out().print(f"{node} was not drained.")
@@ -74,7 +102,8 @@ def doctor(
     from gpuclaim.doctor import run_doctor
 
     st = state(ctx)
-    report = run_doctor(st.config, st.store, st.prober)
+    with waiting(f"checking {len(st.config.nodes)} node(s)"):
+        report = run_doctor(st.config, st.store, st.prober)
     slack: list[tuple[str, str]] = []
     if st.config.slack.webhook_url:
         from gpuclaim.notify import slack_problems

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from gpuclaim.cli.common import AppState, state
+from gpuclaim.cli import completion
+from gpuclaim.cli.common import AppState, state, waiting
 from gpuclaim.durations import parse_duration
 from gpuclaim.errors import ExitCode, GpuclaimError, UsageError
 from gpuclaim.identity import validate_name
@@ -33,9 +34,17 @@ def board(
     ),
     compact: bool = typer.Option(False, "--compact", help="One line per node (big clusters)."),
     user: Optional[list[str]] = typer.Option(
-        None, "--user", help="Only GPUs this user holds (repeatable)."
+        None,
+        "--user",
+        help="Only GPUs this user holds (repeatable).",
+        autocompletion=completion.complete_users,
     ),
-    node: Optional[list[str]] = typer.Option(None, "--node", help="Only this node (repeatable)."),
+    node: Optional[list[str]] = typer.Option(
+        None,
+        "--node",
+        help="Only this node (repeatable).",
+        autocompletion=completion.complete_nodes,
+    ),
 ) -> None:
     """Live board of every GPU: who holds it, for how long; claim, release, kill, attach."""
     from gpuclaim.board.services import BoardOptions
@@ -56,7 +65,8 @@ def board(
     services = board_services(st, options)
     width, height = _size(size)
     if once or svg is not None:
-        data = read_once(services)
+        with waiting(f"asking {len(st.config.nodes)} node(s)"):
+            data = read_once(services)
         if once:
             _print_once(services, data, width)
         if svg is not None:

@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from gpuclaim.cli.common import out, print_json, state
+from gpuclaim.cli import completion
+from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
 from gpuclaim.durations import format_duration, parse_duration
 from gpuclaim.errors import UsageError
 from gpuclaim.identity import clean_note
@@ -18,7 +19,9 @@ def claim(
     gpu: Optional[str] = typer.Option(
         None, "--gpu", metavar="NODE:I,J", help="Exactly these GPUs, e.g. node01:0,2."
     ),
-    node: Optional[str] = typer.Option(None, "--node", help="Only on this node."),
+    node: Optional[str] = typer.Option(
+        None, "--node", help="Only on this node.", autocompletion=completion.complete_nodes
+    ),
     time: Optional[str] = typer.Option(
         None, "--time", "-t", help="How long: 90m, 4h, 2d, 1-12:00:00 (default from config)."
     ),
@@ -30,6 +33,7 @@ def claim(
         False, "--short", help="Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Claim GPUs (exit 3 if nothing fits now)."""
     from gpuclaim.claims import ClaimRequest, claim_gpus, parse_gpu_spec
@@ -50,7 +54,11 @@ def claim(
         note=clean_note(note),
         adopt=adopt,
     )
-    result = claim_gpus(st.config, st.store, req, st.prober)
+    with waiting("looking for free GPUs", quiet):
+        result = claim_gpus(st.config, st.store, req, st.prober)
+    completion.remember(st.config.path, add={"claims": [completion.claim_item(result)]})
+    if quiet:
+        return
     if as_json:
         print_json(result.to_dict())
     elif short:
@@ -63,12 +71,16 @@ def claim(
 def release(
     ctx: typer.Context,
     claim_ids: Optional[list[str]] = typer.Argument(
-        None, metavar="[CLAIM_ID]...", show_default=False
+        None,
+        metavar="[CLAIM_ID]...",
+        show_default=False,
+        autocompletion=completion.complete_claims,
     ),
     gpu: Optional[list[str]] = typer.Option(None, "--gpu", metavar="NODE:I,J", help="By GPU."),
     release_all: bool = typer.Option(False, "--all", help="All of your claims."),
     force: bool = typer.Option(False, "--force", help="Release another user's claim (logged)."),
     as_json: bool = typer.Option(False, "--json", help="Print the released claims as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Release claims: your own, or another user's with --force."""
     from gpuclaim.claims import parse_gpu_spec, release_claims
@@ -78,7 +90,10 @@ def release(
     released = release_claims(
         st.config, st.store, st.user, claim_ids or (), specs, release_all, force
     )
+    completion.remember(st.config.path, remove={"claims": [c.id for c in released]})
     st.dispatch_quietly()  # the freed GPUs may be what a queued job waits for
+    if quiet:
+        return
     if as_json:
         print_json([c.to_dict() for c in released])
         return
@@ -92,11 +107,15 @@ def release(
 def extend(
     ctx: typer.Context,
     claim_ids: Optional[list[str]] = typer.Argument(
-        None, metavar="[CLAIM_ID]...", show_default=False
+        None,
+        metavar="[CLAIM_ID]...",
+        show_default=False,
+        autocompletion=completion.complete_claims,
     ),
     time: str = typer.Option(..., "--time", "-t", help="How much longer: 30m, 2h, 1d."),
     extend_all: bool = typer.Option(False, "--all", help="All of your claims."),
     as_json: bool = typer.Option(False, "--json", help="Print the extended claims as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Give your own claim more time (within the cluster's limit)."""
     from gpuclaim.claims import extend_claims
@@ -105,6 +124,8 @@ def extend(
     extended = extend_claims(
         st.config, st.store, st.user, claim_ids or (), parse_duration(time), extend_all
     )
+    if quiet:
+        return
     if as_json:
         print_json([c.to_dict() for c in extended])
         return

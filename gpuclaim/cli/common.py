@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from gpuclaim import __version__
 from gpuclaim.identity import current_user
 
 if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
@@ -121,33 +126,135 @@ def deliver_now(config: Config, store: Store, prober: NodeProber, budget_s: floa
     return prober.agent.call(host, request, timeout=budget_s + 2 * config.slack.timeout_s + 5)
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuclaim {__version__}")
+        raise typer.Exit()
+
+
+def _install_completion(ctx: typer.Context, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from gpuclaim.cli.completion import detect_shell, install
+
+    shell = detect_shell()
+    path, how = install(shell)
+    typer.echo(f"Installed {shell} completion in {path} ({how}); open a new shell to use it.")
+    raise typer.Exit()
+
+
+def _show_completion(ctx: typer.Context, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from gpuclaim.cli.completion import detect_shell, script
+
+    sys.stdout.write(script(detect_shell()))
+    raise typer.Exit()
+
+
+def root(
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(
+        None, "--config", envvar="GPUCLAIM_CONFIG", help="Config file to use.", show_envvar=True
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+    install_completion: bool = typer.Option(
+        False,
+        "--install-completion",
+        callback=_install_completion,
+        is_eager=True,
+        expose_value=False,
+        help="Install tab completion for your shell (bash, zsh or fish).",
+    ),
+    show_completion: bool = typer.Option(
+        False,
+        "--show-completion",
+        callback=_show_completion,
+        is_eager=True,
+        expose_value=False,
+        help="Print the completion script for your shell.",
+    ),
+) -> None:
+    """Claim, check and run on a small team's shared GPU servers."""
+    ctx.obj = AppState(config_path=config)
+    ctx.call_on_close(ctx.obj.finish)
+
+
 def state(ctx: typer.Context) -> AppState:
-    root = ctx.find_root()
-    if not isinstance(root.obj, AppState):
-        root.obj = AppState()
-    return root.obj
+    top = ctx.find_root()
+    if not isinstance(top.obj, AppState):
+        top.obj = AppState()
+    return top.obj
 
 
 def out() -> Console:
     """stdout: colour only on a terminal (rich honours NO_COLOR); in a pipe, lines are never
     wrapped at 80 columns, so scripts can grep whole rows."""
-    from rich.console import Console
-
+    console = _console_class()
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=240, no_color=True)
+        return console(highlight=False)
+    return console(highlight=False, width=240, no_color=True)
 
 
 def err() -> Console:
+    console = _console_class()
+    if sys.stderr.isatty():
+        return console(stderr=True, highlight=False)
+    return console(stderr=True, highlight=False, width=240, no_color=True)
+
+
+@functools.cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
-    if sys.stderr.isatty():
-        return Console(stderr=True, highlight=False)
-    return Console(stderr=True, highlight=False, width=240, no_color=True)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit 1 here; `gpuclaim status | head` is no failure: main() decides.
+            raise BrokenPipeError
+
+    return _Console
+
+
+@contextlib.contextmanager
+def waiting(text: str, quiet: bool = False, delay_s: float = 0.5) -> Iterator[None]:
+    """A spinner on stderr while a real wait lasts (nodes slow to answer over SSH): only on a
+    terminal, never in a pipe, and only once the wait passes ``delay_s``, so that quick
+    answers never flash one."""
+    console = err()
+    if quiet or not console.is_terminal or console.is_dumb_terminal:
+        yield
+        return
+    spinner = console.status(text)
+    lock = threading.Lock()
+    shown = done = False
+
+    def show() -> None:
+        nonlocal shown
+        with lock:
+            if not done:
+                spinner.start()
+                shown = True
+
+    timer = threading.Timer(delay_s, show)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            done = True
+            timer.cancel()
+            if shown:
+                spinner.stop()
 
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
+def quiet_option() -> Any:
+    """``-q/--quiet`` for commands that act: the exit code says how it went."""
+    return typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")

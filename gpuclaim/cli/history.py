@@ -7,9 +7,11 @@ from typing import Optional
 
 import typer
 
+from gpuclaim.cli import completion
 from gpuclaim.cli.common import err, out, print_json, state
 from gpuclaim.durations import parse_duration
 from gpuclaim.errors import UsageError
+from gpuclaim.identity import validate_name
 
 
 def history(
@@ -17,8 +19,15 @@ def history(
     since: Optional[str] = typer.Option(
         None, "--since", help="A date (2026-11-01) or a duration back from now (7d, 24h)."
     ),
-    user: Optional[str] = typer.Option(None, "--user", help="Only this user."),
-    by: str = typer.Option("user", "--by", help="Group by user, node or day."),
+    user: Optional[str] = typer.Option(
+        None, "--user", help="Only this user.", autocompletion=completion.complete_users
+    ),
+    by: str = typer.Option(
+        "user",
+        "--by",
+        help="Group by user, node or day.",
+        autocompletion=completion.complete_groupings,
+    ),
     claims: bool = typer.Option(False, "--claims", help="List each claim instead of totals."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -28,6 +37,8 @@ def history(
 
     if by not in GROUPINGS:
         raise UsageError(f"--by must be one of {', '.join(GROUPINGS)}, not {by!r}")
+    if user is not None:
+        validate_name(user, "user name")
     st = state(ctx)
     store = st.store
     snap = store.snapshot()
@@ -68,5 +79,10 @@ def _since(value: Optional[str], now: float) -> Optional[float]:
     try:
         day = dt.date.fromisoformat(value)
     except ValueError:
+        if value[:4].isdigit() and value[4:5] == "-":  # meant as a date, not a duration
+            raise UsageError(
+                f"--since {value!r} is not a date: use YYYY-MM-DD, e.g. 2026-11-01, or a "
+                "duration back from now, e.g. 7d"
+            ) from None
         return now - parse_duration(value)
     return dt.datetime.combine(day, dt.time(), tzinfo=dt.timezone.utc).timestamp()

@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 import typer
 
-from gpuclaim.cli.common import AppState, err, out, print_json, state
+from gpuclaim.cli import completion
+from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
 from gpuclaim.durations import parse_duration
 from gpuclaim.errors import ExitCode, GpuclaimError, UsageError
 
@@ -21,7 +22,9 @@ def run(
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARG]...", show_default=False),
     count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs (per node)."),
     nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes, for a gang job (torchrun)."),
-    node: Optional[str] = typer.Option(None, "--node", help="Run on this node."),
+    node: Optional[str] = typer.Option(
+        None, "--node", help="Run on this node.", autocompletion=completion.complete_nodes
+    ),
     name: Optional[str] = typer.Option(None, "--name", help="Job name (unique among yours)."),
     time_: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: 30m, 8h, 2d."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-C", help="Directory to run in."),
@@ -30,6 +33,7 @@ def run(
     queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
     wait: bool = typer.Option(False, "--wait", help="Queue it and wait until it starts."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free)."""
     from gpuclaim.jobs import RunRequest
@@ -48,16 +52,22 @@ def run(
         visible_as="uuid" if uuids else "index",
         queue=queue or wait,
     )
-    _submit_and_report(st, req, wait, as_json)
+    _submit_and_report(st, req, wait, as_json, quiet)
 
 
-def _submit_and_report(st: AppState, req: Any, wait: bool, as_json: bool) -> Any:
+def _submit_and_report(
+    st: AppState, req: Any, wait: bool, as_json: bool, quiet: bool = False
+) -> Any:
     from gpuclaim.jobs import submit_job
 
-    job = submit_job(st.config, st.store, req, st.prober, st.ops)
+    with waiting("starting the job", quiet):
+        job = submit_job(st.config, st.store, req, st.prober, st.ops)
+    completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
     if wait and job.state == "queued":
-        job = _wait_until_started(st, job)
-    if as_json:
+        job = _wait_until_started(st, job, quiet)
+    if quiet:
+        pass
+    elif as_json:
         print_json(job.to_dict())
     else:
         _print_job_started(job)
@@ -66,11 +76,11 @@ def _submit_and_report(st: AppState, req: Any, wait: bool, as_json: bool) -> Any
     return job
 
 
-def _wait_until_started(st: AppState, job: Any) -> Any:
+def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
     from gpuclaim.jobs import dispatch_queue, find_job, queue_positions
 
     console = err()
-    live = console.is_terminal
+    live = console.is_terminal and not quiet
     status_ctx = console.status("waiting in the queue") if live else None
     last_position = None
     try:
@@ -86,7 +96,7 @@ def _wait_until_started(st: AppState, job: Any) -> Any:
                 text = f"{job.name}: waiting in the queue, position {position}"
                 if status_ctx is not None:
                     status_ctx.update(text)
-                else:
+                elif not quiet:
                     console.print(text)
                 last_position = position
             time.sleep(2.0)
@@ -137,6 +147,11 @@ def jobs(
         d["state"] = observed_state(job, snap.claims)
         d["queue_position"] = positions.get(job.id)
         rows.append(d)
+    completion.remember(
+        st.config.path,
+        replace={"jobs": [completion.job_item(d) for d in rows]},
+        add={"users": [(str(d["user"]), "") for d in rows]},
+    )
     if as_json:
         print_json(rows)
     else:
@@ -145,7 +160,9 @@ def jobs(
 
 def logs(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Job name or id."),
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
+    ),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until it ends."),
     lines: int = typer.Option(50, "-n", "--lines", min=0, help="Last lines to show (0: all)."),
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
@@ -183,7 +200,9 @@ def _write(text: str) -> None:
 
 def attach(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Job name or id."),
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
+    ),
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
@@ -200,9 +219,12 @@ def attach(
 
 def kill(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Job name or id."),
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
+    ),
     force: bool = typer.Option(False, "--force", help="Another user's job (logged)."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Stop a job on all its nodes (TERM, then KILL), or take it out of the queue."""
     from gpuclaim.jobs import kill_job
@@ -217,6 +239,8 @@ def kill(
         force=force,
         wait_s=st.config.limits.kill_grace_s + 15,
     )
+    if quiet:
+        return
     if as_json:
         print_json(job.to_dict())
     else:
@@ -226,9 +250,14 @@ def kill(
 def shell(
     ctx: typer.Context,
     count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
-    node: Optional[str] = typer.Option(None, "--node", help="On this node."),
+    node: Optional[str] = typer.Option(
+        None, "--node", help="On this node.", autocompletion=completion.complete_nodes
+    ),
     time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
     name: Optional[str] = typer.Option(None, "--name", help="Session name."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the job as JSON (and attach later: gpuclaim attach NAME)."
+    ),
 ) -> None:
     """An interactive shell on a node with GPUs pinned; it ends at its time limit."""
     from gpuclaim.jobs import RunRequest
@@ -243,8 +272,8 @@ def shell(
         time_s=parse_duration(time_),
         kind="shell",
     )
-    job = _submit_and_report(st, req, wait=False, as_json=False)
-    if sys.stdin.isatty() and sys.stdout.isatty():
+    job = _submit_and_report(st, req, wait=False, as_json=as_json)
+    if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
         from gpuclaim.jobs import attach_command
 
         argv = attach_command(st.config, job.ranks[0].node, job.session)
@@ -254,9 +283,14 @@ def shell(
 def notebook(
     ctx: typer.Context,
     count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
-    node: Optional[str] = typer.Option(None, "--node", help="On this node."),
+    node: Optional[str] = typer.Option(
+        None, "--node", help="On this node.", autocompletion=completion.complete_nodes
+    ),
     time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
     name: Optional[str] = typer.Option(None, "--name", help="Job name."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the job, its port and the tunnel command as JSON."
+    ),
 ) -> None:
     """Jupyter on a node with GPUs pinned, until its time limit; prints the ssh tunnel."""
     from gpuclaim.jobs import RunRequest, find_job
@@ -271,7 +305,7 @@ def notebook(
         time_s=parse_duration(time_),
         kind="notebook",
     )
-    job = _submit_and_report(st, req, wait=False, as_json=False)
+    job = _submit_and_report(st, req, wait=False, as_json=False, quiet=as_json)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = find_job(st.store, st.user, job.id, active_only=False)
@@ -281,9 +315,13 @@ def notebook(
     if job.state not in ("starting", "running"):
         raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
     host = st.config.node(job.ranks[0].node).host
+    tunnel = f"ssh -N -L {job.port}:localhost:{job.port} {host}"
+    if as_json:
+        print_json({**job.to_dict(), "tunnel": tunnel})
+        return
     out().print(
         f"Jupyter on {job.ranks[0].node}:{job.port}. Open a tunnel and browse:\n"
-        f"  ssh -N -L {job.port}:localhost:{job.port} {host}\n"
+        f"  {tunnel}\n"
         f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
     )
 

@@ -1,86 +1,88 @@
-"""The ``gpuclaim`` app: global options, command registration, and the one place where errors
-become a one-line message and an exit code."""
+"""The ``gpuclaim`` app: command registration, and the one place where errors become a
+one-line message and an exit code.
+
+The app is built on first use, not at import: shell completion (``_GPUCLAIM_COMPLETE``) is
+answered by ``main()`` before typer or any command is imported, in a few milliseconds."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import traceback
-from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from gpuclaim import __version__
-from gpuclaim.cli import admin, board, claim, history, jobs, settings, setup, status
-from gpuclaim.cli.common import AppState
-from gpuclaim.errors import ExitCode, GpuclaimError
-
-app = typer.Typer(
-    name="gpuclaim",
-    help="Claim, check and run on a small team's shared GPU servers.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+COMPLETE_VAR = "_GPUCLAIM_COMPLETE"  # set by the completion scripts (completion.py)
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"gpuclaim {__version__}")
-        raise typer.Exit()
+@functools.cache
+def build_app() -> typer.Typer:
+    """The typer app: the global options (common.root) and every command."""
+    import typer
+
+    from gpuclaim.cli import admin, board, claim, export, history, jobs, settings, setup, status
+    from gpuclaim.cli.common import root
+
+    app = typer.Typer(
+        name="gpuclaim",
+        help="Claim, check and run on a small team's shared GPU servers.",
+        no_args_is_help=True,
+        add_completion=False,  # common.root has --install-completion and --show-completion
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(root)
+    app.command(
+        "status", help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable."
+    )(status.status)
+    app.command("ls", hidden=True)(status.status)
+    app.command("claim")(claim.claim)
+    app.command("release")(claim.release)
+    app.command("extend")(claim.extend)
+    app.command("run", context_settings=jobs.RUN_CONTEXT)(jobs.run)
+    app.command("jobs")(jobs.jobs)
+    app.command("logs")(jobs.logs)
+    app.command("attach")(jobs.attach)
+    app.command("kill")(jobs.kill)
+    app.command("shell")(jobs.shell)
+    app.command("notebook")(jobs.notebook)
+    app.command("history")(history.history)
+    app.command("gc")(admin.gc)
+    app.command("drain")(admin.drain)
+    app.command("undrain")(admin.undrain)
+    app.command("doctor")(admin.doctor)
+    app.add_typer(settings.notify_app, name="notify")
+    app.add_typer(settings.config_app, name="config")
+    app.command("init")(setup.init)
+    app.command("demo")(setup.demo)
+    app.add_typer(export.app, name="export")
+    app.command("board")(board.board)
+    return app
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    config: Optional[Path] = typer.Option(
-        None, "--config", envvar="GPUCLAIM_CONFIG", help="Config file to use.", show_envvar=True
-    ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
-) -> None:
-    """Claim, check and run on a small team's shared GPU servers."""
-    ctx.obj = AppState(config_path=config)
-    ctx.call_on_close(ctx.obj.finish)
-
-
-app.command("status", help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.")(
-    status.status
-)
-app.command("ls", hidden=True)(status.status)
-app.command("claim")(claim.claim)
-app.command("release")(claim.release)
-app.command("extend")(claim.extend)
-app.command("run", context_settings=jobs.RUN_CONTEXT)(jobs.run)
-app.command("jobs")(jobs.jobs)
-app.command("logs")(jobs.logs)
-app.command("attach")(jobs.attach)
-app.command("kill")(jobs.kill)
-app.command("shell")(jobs.shell)
-app.command("notebook")(jobs.notebook)
-app.command("history")(history.history)
-app.command("gc")(admin.gc)
-app.command("drain")(admin.drain)
-app.command("undrain")(admin.undrain)
-app.command("doctor")(admin.doctor)
-app.add_typer(settings.notify_app, name="notify")
-app.add_typer(settings.config_app, name="config")
-app.command("init")(setup.init)
-app.command("demo")(setup.demo)
-app.command("board")(board.board)
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from gpuclaim.cli.main import app` still works
+        return build_app()
+    raise AttributeError(name)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; every error ends here as one line on stderr and a documented exit code."""
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:
+        from gpuclaim.cli.completion import answer
+
+        return answer(instruction)
+    from gpuclaim.errors import ExitCode, GpuclaimError  # after the fast path: it needs none
+
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or os.environ.get("GPUCLAIM_DEBUG") == "1"
+    ours = args[: args.index("--")] if "--" in args else args  # not a job's own --debug
+    debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
     try:
-        result = app(args=args, prog_name="gpuclaim", standalone_mode=False)
+        result = build_app()(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
         return _fail(exc.exit_code, str(exc), debug)
     except KeyboardInterrupt:
@@ -88,17 +90,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
     except BrokenPipeError:
         # `gpuclaim status | head`: the reader left; not an error worth a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return ExitCode.OK
+    except SystemExit:
+        # click turns a broken pipe inside a command into exit 1, after wrapping stdout so
+        # that nothing more is said: the same reader that left, the same answer.
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            _stdout_to_devnull()
+            return ExitCode.OK
+        raise
+    except OSError as exc:
+        # A path the user named that cannot be used, a full disk: their situation, not a bug.
+        _flush_stdout()
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(ExitCode.ERROR, f"{where}{exc.strerror or exc}", debug)
     except Exception as exc:
         kinds = {cls.__name__ for cls in type(exc).__mro__}
         # click's exceptions, whether from click itself or the copy newer typers vendor.
         if "NoArgsIsHelpError" in kinds:
-            ctx = getattr(exc, "ctx", None)
-            sys.stdout.write((ctx.get_help() if ctx is not None else "") + "\n")
-            return ExitCode.USAGE
+            return _no_command(exc, debug)
         if "UsageError" in kinds:
-            where = f" (see 'gpuclaim {_command_path(exc)}--help')"
+            where = f" (see 'gpuclaim {_command_path(exc, args)}--help')"
             return _fail(ExitCode.USAGE, exc.format_message() + where, debug)  # type: ignore[attr-defined]
         if "Abort" in kinds:
             sys.stderr.write("gpuclaim: aborted\n")
@@ -106,6 +118,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if "ClickException" in kinds:
             return _fail(ExitCode.ERROR, exc.format_message(), debug)  # type: ignore[attr-defined]
         if debug:
+            import traceback
+
             traceback.print_exc()
         # A bug: still one line, with the way to see more.
         sys.stderr.write(
@@ -118,16 +132,56 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _fail(code: int, message: str, debug: bool) -> int:
     if debug:
+        import traceback
+
         traceback.print_exc()
     sys.stderr.write(f"gpuclaim: error: {message}\n")
     return int(code)
 
 
-def _command_path(exc: Exception) -> str:
-    ctx = getattr(exc, "ctx", None)
+def _no_command(exc: Exception, debug: bool) -> int:
+    """``gpuclaim`` alone prints the help; ``gpuclaim notify`` says what it needs, in one line."""
+    from gpuclaim.errors import ExitCode
+
+    ctx: Any = getattr(exc, "ctx", None)
     if ctx is None or ctx.parent is None:
-        return ""
-    return str(ctx.command_path).split(" ", 1)[-1] + " "
+        sys.stdout.write((ctx.get_help() if ctx is not None else "") + "\n")
+        return ExitCode.USAGE
+    group = ctx.command
+    names = [n for n in group.list_commands(ctx) if not group.get_command(ctx, n).hidden]
+    path = ctx.command_path.split(" ", 1)[-1]
+    message = (
+        f"'gpuclaim {path}' needs a command: {', '.join(names)} (see 'gpuclaim {path} --help')"
+    )
+    return _fail(ExitCode.USAGE, message, debug)
+
+
+def _command_path(exc: Exception, args: list[str]) -> str:
+    """'claim ' for an error in ``gpuclaim claim ...``, '' at the top level."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and ctx.parent is not None:
+        return str(ctx.command_path).split(" ", 1)[-1] + " "
+    if ctx is None:  # raised by the option parser, before the command had a context
+        from gpuclaim.cli.completion import resolve
+
+        path = resolve(args).path
+        return "".join(f"{p} " for p in path)
+    return ""
+
+
+def _stdout_to_devnull() -> None:
+    """Output nobody can read any more: drop it, so that the exit flush does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:  # stdout itself is what failed (a full disk): drop the rest
+        _stdout_to_devnull()
 
 
 if __name__ == "__main__":

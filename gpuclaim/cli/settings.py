@@ -7,12 +7,17 @@ import typer
 from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.errors import ExitCode, GpuclaimError
 
-notify_app = typer.Typer(help="Slack notifications.", no_args_is_help=True)
-config_app = typer.Typer(help="The configuration in use.", no_args_is_help=True)
+notify_app = typer.Typer(help="Slack notifications.", no_args_is_help=True, rich_markup_mode=None)
+config_app = typer.Typer(
+    help="The configuration in use.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @notify_app.command("test")
-def notify_test(ctx: typer.Context) -> None:
+def notify_test(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the webhook's answer as JSON."),
+) -> None:
     """Send one test message and report exactly what the webhook answered."""
     from gpuclaim.notify import post
 
@@ -33,10 +38,22 @@ def notify_test(ctx: typer.Context) -> None:
         ],
     }
     result = post(slack.webhook_url, payload, slack.timeout_s)
-    out().print(f"Webhook answered {result.describe()}")
+    if as_json:
+        print_json(
+            {
+                "delivered": result.ok,
+                "status": result.status,
+                "body": result.body,
+                "permanent": result.permanent,
+                "retry_after": result.retry_after,
+            }
+        )
+    else:
+        out().print(f"Webhook answered {result.describe()}")
+        if not result.ok:
+            hint = "permanent error: fix the webhook" if result.permanent else "try again later"
+            out().print(f"Not delivered ({hint}).")
     if not result.ok:
-        hint = "permanent error: fix the webhook" if result.permanent else "try again later"
-        out().print(f"Not delivered ({hint}).")
         raise typer.Exit(ExitCode.ERROR)
 
 

@@ -72,11 +72,17 @@ def init(
         defaults=defaults,
         slack_webhook=slack_webhook,
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # The file may hold the Slack webhook (a secret): readable by its owner only.
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # The file may hold the Slack webhook (a secret): readable by its owner only.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise GpuclaimError(
+            f"cannot write the config {target}: {exc.strerror}",
+            hint="name another file with --config or $GPUCLAIM_CONFIG",
+        ) from exc
     out().print(f"Wrote {target}. Next: 'gpuclaim status'.")
 
 
@@ -92,7 +98,13 @@ def demo(
     from gpuclaim.sandbox import create_sandbox
 
     where = directory or paths.data_dir() / "demo"
-    config_path = create_sandbox(where, reset=reset)
+    try:
+        config_path = create_sandbox(where, reset=reset)
+    except OSError as exc:
+        raise GpuclaimError(
+            f"cannot make the demo sandbox in {where}: {exc.strerror}",
+            hint="choose another directory with --dir",
+        ) from exc
     console = out()
     console.print(f"Demo sandbox: {config_path}")
     if tour:
@@ -112,12 +124,32 @@ def demo(
                 err().print(f"demo step failed with exit code {proc.returncode}")
                 raise typer.Exit(proc.returncode)
     console.print(
-        "\nTry it yourself:\n"
-        f"  export GPUCLAIM_CONFIG={config_path}\n"
+        "\nTry it yourself:\n" + _path_hint() + f"  export GPUCLAIM_CONFIG={config_path}\n"
         "  gpuclaim status\n"
         "  gpuclaim claim -n 1 --time 30m --note 'my experiment'\n"
-        "  gpuclaim release --all"
+        "  gpuclaim release --all",
+        soft_wrap=True,  # a path longer than the terminal stays one line to copy
     )
+
+
+def _path_hint() -> str:
+    """The line that puts this gpuclaim on PATH, when a shell would not find it (the README's
+    quick start installs into a virtualenv that is not activated)."""
+    import shutil
+
+    script = Path(sys.executable).parent / "gpuclaim"
+    found = shutil.which("gpuclaim")
+    if not script.exists() or (found and Path(found).resolve() == script.resolve()):
+        return ""
+    bin_dir = _short_path(script.parent)
+    if sys.prefix != sys.base_prefix and (script.parent / "activate").exists():
+        return f"  . {bin_dir}/activate        # puts gpuclaim on your PATH\n"
+    return f'  export PATH="{bin_dir}:$PATH"   # puts gpuclaim on your PATH\n'
+
+
+def _short_path(path: Path) -> str:
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else str(path)
 
 
 def _quote(arg: str) -> str:

@@ -6,13 +6,19 @@ from typing import Optional
 
 import typer
 
-from gpuclaim.cli.common import out, print_json, state
+from gpuclaim.cli import completion
+from gpuclaim.cli.common import out, print_json, state, waiting
 from gpuclaim.errors import ExitCode
 
 
 def status(
     ctx: typer.Context,
-    node: Optional[list[str]] = typer.Option(None, "--node", help="Only this node (repeatable)."),
+    node: Optional[list[str]] = typer.Option(
+        None,
+        "--node",
+        help="Only this node (repeatable).",
+        autocompletion=completion.complete_nodes,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
@@ -24,7 +30,10 @@ def status(
     st.dispatch_quietly()
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
-    view = build_view(cfg, st.store, nodes, prober=st.prober)
+    with waiting(f"asking {len(nodes or cfg.nodes)} node(s)"):
+        view = build_view(cfg, st.store, nodes, prober=st.prober)
+    if not node:  # the whole picture: what completion offers next time
+        completion.remember_view(cfg.path, view)
     summaries = sample_view(view, st.store, cfg.idle.threshold_pct)
     apply_policy(cfg, st.store, view, summaries)
     if cfg.slack.webhook_url:
