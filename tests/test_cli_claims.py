@@ -252,3 +252,12 @@ def _login():
     import getpass
 
     return getpass.getuser()
+
+
+def test_status_says_once_when_slurm_would_pay_off(make_cluster):
+    c = make_cluster({"n1": 6, "n2": 6, "n3": 6}, fast=True)  # 18 GPUs: past 16
+    first = c.ok("status")
+    assert "gpuclaim export slurm" in first
+    assert "gpuclaim export slurm" not in c.ok("status")
+    small = make_cluster({"n1": 2}, fast=True)
+    assert "export slurm" not in small.ok("status")

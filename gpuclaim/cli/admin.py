@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import typer
 
 from gpuclaim.cli import completion
@@ -119,9 +121,26 @@ def doctor(
                 console.print(f"[red]{h.node}[/red]: {problem}\n    fix: {fix}")
         for problem, fix in slack:
             console.print(f"[red]slack[/red]: {problem}\n    fix: {fix}")
+        advice = _slurm_advice(st, report)
+        if advice:
+            console.print(advice)
         if not any(h.problems for h in report):
             console.print("All nodes look good.")
     if any(not h.reachable for h in report):
         raise typer.Exit(ExitCode.UNREACHABLE)
     if any(h.problems for h in report) or slack:
         raise typer.Exit(ExitCode.ERROR)
+
+
+def _slurm_advice(st: Any, report: Any) -> Optional[str]:
+    """Whether the team has outgrown gpuclaim: GPUs seen, users of the last 30 days, waits."""
+    from gpuclaim.jobs import load_jobs
+    from gpuclaim.slurm_export import queue_waits, slurm_advice
+
+    now = st.store.now()
+    since = now - 30 * 86400
+    events, _ = st.store.read_events()
+    users = {e.user for e in events if e.ts >= since and e.user}
+    gpus = sum(h.gpus for h in report)
+    waits = queue_waits(load_jobs(st.store), since=since, now=now)
+    return slurm_advice(gpus=gpus, users=len(users), queue_waits_s=waits)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -59,5 +59,17 @@ def status(
         console.print(status_table(view, view.snapshot.now, usage))
         for name in view.unreachable:
             console.print(f"[red]{name}: {view.inventories[name].error}[/red]")
+        _advise_slurm_once(view, st.store, console)
     if view.unreachable:
         raise typer.Exit(ExitCode.UNREACHABLE)
+
+
+def _advise_slurm_once(view: Any, store: Any, console: Any) -> None:
+    """Say once (ever, for the whole team) when SLURM would now pay for itself."""
+    from gpuclaim.slurm_export import slurm_advice
+
+    gpus = sum(1 for r in view.rows if r.gpu is not None)
+    users = len({r.claim.user for r in view.rows if r.claim is not None})
+    advice = slurm_advice(gpus=gpus, users=users)
+    if advice and store.mark_notices(scope="advice", keys=["slurm"]):
+        console.print(advice)
