@@ -421,6 +421,10 @@ def kill_job(
         raise ConflictError(f"job {job.name} belongs to {job.user}", hint="use --force (logged)")
     if job.state not in ACTIVE_JOB_STATES:
         raise GpuclaimError(f"job {job.name} already ended ({job.state})")
+    if job.user != user:  # --force on someone else's job: on the record, and on Slack
+        store.append_event(
+            replace(job_event("force-kill", job, store.now()), by=user, reason=f"killed by {user}")
+        )
     if job.state == "queued":
         for entry in store.queue_entries():
             if entry.endswith(f"-{job.id}") and store.take_queue_entry(name=entry):

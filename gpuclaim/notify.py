@@ -33,7 +33,8 @@ MESSAGE_EVENTS = {
     "claim": "claim",
     "release": "release",
     "expire": "expired",
-    "force-release": "release",
+    "force-release": "forced",
+    "force-kill": "forced",
     "claim-expiring": "expiring",
     "busy-unclaimed": "busy_unclaimed",
     "node-unreachable": "unreachable",
@@ -47,6 +48,7 @@ DEFAULT_EVENTS = (
     "busy_unclaimed",
     "unreachable",
     "idle",
+    "forced",
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -149,6 +151,8 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     elif event.type in ("release", "force-release"):
         by = f" (released by {event.by})" if event.by and event.by != event.user else ""
         text = f"🔓 {who} released {where}{by}"
+    elif event.type == "force-kill":
+        text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {event.by} (--force)"
     elif event.type == "expire":
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == "claim-expiring":

@@ -204,3 +204,22 @@ def test_config_readable_by_others_is_warned_about(make_cluster, slack):
     proc = c.cli("status")
     assert "holds the Slack webhook (a secret) and others can read it" in proc.stderr
     assert "SECRETtoken42" not in proc.stderr
+
+
+def test_every_force_is_logged_and_told(make_cluster, slack):
+    c = make_cluster({"node01": 2}, fast=True, kill_grace="1s", heartbeat="1s")
+    _with_slack(c, slack.url)
+    claim = c.json("claim", "--gpu", "node01:0")
+    c.ok("run", "--name", "long", "--", "sleep", "60")
+    assert c.cli("release", claim["id"], user="bob").returncode == 3
+    assert c.cli("kill", "long", user="bob").returncode == 1
+    c.ok("release", claim["id"], "--force", user="bob")
+    c.ok("kill", "long", "--force", user="bob")
+    events = []
+    for f in (c.storage / "events").glob("*.jsonl"):
+        events += [json.loads(line) for line in f.read_text().splitlines()]
+    forced = {e["type"]: e for e in events if e["type"].startswith("force-")}
+    assert forced["force-release"]["by"] == "bob" and forced["force-release"]["user"] == "alice"
+    assert forced["force-kill"]["by"] == "bob" and forced["force-kill"]["user"] == "alice"
+    slack.wait_for("released by bob", 1)
+    slack.wait_for("was killed by bob (--force)", 1)
