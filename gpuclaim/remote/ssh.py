@@ -240,6 +240,10 @@ def _exec(conn: Any, command: str, stdin: Optional[bytes], timeout: float) -> Co
             raise UnreachableError(
                 f"{conn.original_host}: command did not finish in {timeout:.0f}s"
             )
+        if chan.exit_status == -1 and not _still_connected(transport):
+            # The connection died under the command (node rebooted, sshd killed): no exit
+            # status came. Reconnect once, so the caller hears why (e.g. refused).
+            raise _StaleConnection()
         return CommandResult(chan.exit_status, stdout, stderr)
     except (socket.timeout, TimeoutError) as exc:
         raise UnreachableError(f"{conn.original_host}: no answer within {timeout:.0f}s") from exc
@@ -247,6 +251,16 @@ def _exec(conn: Any, command: str, stdin: Optional[bytes], timeout: float) -> Co
         raise UnreachableError(f"{conn.original_host}: {describe_ssh_error(exc)}") from exc
     finally:
         chan.close()
+
+
+def _still_connected(transport: Any, grace_s: float = 0.5) -> bool:
+    """Whether the connection survived; its reader thread notices a dead peer a moment late."""
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        if not transport.is_active():
+            return False
+        time.sleep(0.05)
+    return transport.is_active()
 
 
 def _read_all(recv: Any, deadline: float) -> bytes:
