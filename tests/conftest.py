@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,44 @@ pytest_plugins = ["testbed_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_SMI = REPO / "tests" / "assets" / "fast-nvidia-smi.sh"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def path_without_the_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every test starts gpuclaim through ``sys.executable``; nothing may find it through PATH.
+
+    A machine where the project's packages were once installed outside .venv lets a bare
+    ``python3 -m gpuclaim`` pass here and fail on a fresh one (it did). So, for the whole
+    session, PATH starts with a ``gpuclaim`` that fails loudly and a ``python3``/``python``
+    that runs the system interpreter without site-packages: a test (or product code) that
+    leans on PATH fails here exactly as on a fresh machine, whatever is installed globally.
+    """
+    shims = tmp_path_factory.mktemp("path-guard")
+    real = {name: _which_outside_venv(name) for name in ("python3", "python")}
+    for name, target in real.items():
+        if target:
+            _write_shim(shims / name, f'exec {target} -S "$@"')
+    _write_shim(
+        shims / "gpuclaim",
+        "echo 'tests must start gpuclaim through sys.executable, not PATH' >&2; exit 97",
+    )
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{shims}{os.pathsep}{old}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def _which_outside_venv(name: str) -> Optional[str]:
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    return shutil.which(name, path=path)
+
+
+def _write_shim(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
 
 
 def gpu(name: str = "NVIDIA H100 80GB HBM3", mem: int = 81559, **extra: Any) -> dict[str, Any]:

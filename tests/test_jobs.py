@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster):
     procs = [
         subprocess.Popen(
             [
-                "python3",
+                sys.executable,
                 "-m",
                 "gpuclaim",
                 "run",
@@ -355,7 +357,7 @@ def test_wait_blocks_until_started_and_reports_its_position(jobs_cluster, tmp_pa
     )
     waiter = subprocess.Popen(
         [
-            "python3",
+            sys.executable,
             "-m",
             "gpuclaim",
             "run",
@@ -412,7 +414,7 @@ def test_attach_shows_the_job_in_a_terminal(jobs_cluster):
     _wait_state(c, "watched", {"running"})
     sock = f"gc-test-{os.getpid()}"
     env = c.env()
-    cmd = "python3 -m gpuclaim attach watched"
+    cmd = f"{shlex.quote(sys.executable)} -m gpuclaim attach watched"
     subprocess.run(
         [
             "tmux",
