@@ -9,8 +9,10 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +112,41 @@ def test_hung_node_is_bounded_by_the_deadline(testbed, make_remote):
     assert [r["state"] for r in rows if r["node"] == "node01"] == ["unreachable"]
     assert "did not answer within 2s" in rows[0]["reason"]
     assert took < 6 + 3
+
+
+def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testbed, make_remote):
+    # A node whose kernel accepts TCP but whose sshd never speaks (frozen, swapping to death).
+    c = make_remote(testbed, connect_timeout="2s")
+    # node01 answers slowly, so the CLI is still running when paramiko's thread gives up
+    testbed.set_node("node01", delay_ms=3500)
+    port = testbed.ports["node02"]
+    testbed.stop_node("node02")
+    held: list[socket.socket] = []
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+        def accept_and_stay_silent() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    held.append(server.accept()[0])
+
+        threading.Thread(target=accept_and_stay_silent, daemon=True).start()
+        proc = c.cli("status", "--json")
+        debug = c.cli("--debug", "status", "--json")
+    for conn in held:
+        conn.close()
+    assert proc.returncode == 4, proc.stderr
+    rows = [r for r in json.loads(proc.stdout) if r["node"] == "node02"]
+    assert rows and all(r["state"] == "unreachable" for r in rows)
+    assert "no SSH banner within 2s" in rows[0]["reason"], rows[0]["reason"]
+    # gpuclaim's own words reach the terminal; paramiko's thread's traceback does not...
+    assert "Traceback" not in proc.stderr and "SSHException" not in proc.stderr, proc.stderr
+    assert "paramiko" not in proc.stderr, proc.stderr
+    # ... unless --debug asks for everything.
+    assert debug.returncode == 4
+    assert "banner" in debug.stderr.lower(), debug.stderr
 
 
 def test_fan_out_is_parallel(make_testbed, make_remote):

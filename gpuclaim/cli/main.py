@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     ours = args[: args.index("--")] if "--" in args else args  # not a job's own --debug
     debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
+    _quiet_libraries(debug)
     try:
         result = build_app()(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
@@ -128,6 +130,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         return ExitCode.ERROR
     return int(result) if isinstance(result, int) else ExitCode.OK
+
+
+def _quiet_libraries(debug: bool) -> None:
+    """What libraries say on their own (paramiko's transport thread logs a traceback for a
+    node that never sends its banner, cryptography warns about ciphers) is not for the user's
+    terminal: gpuclaim reports the outcome itself, in its own line. ``--debug`` shows it all."""
+    import logging
+    import threading
+
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+        return
+    logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" stderr handler
+    warnings.simplefilter("ignore")
+    threading.excepthook = lambda _args: None  # a library's worker thread dying: not ours
 
 
 def _fail(code: int, message: str, debug: bool) -> int:

@@ -178,8 +178,11 @@ class SshPool:
             try:
                 conn.open()
             except Exception as exc:
+                reason = describe_ssh_error(exc)
+                if _banner_missing(conn):
+                    reason = f"no SSH banner within {timeout:g}s (sshd hung, or the node is)"
                 _close_quietly(conn)
-                raise UnreachableError(f"{alias}: {describe_ssh_error(exc)}") from exc
+                raise UnreachableError(f"{alias}: {reason}") from exc
             self._conns[alias] = conn
             return conn
 
@@ -302,6 +305,14 @@ def describe_ssh_error(exc: BaseException) -> str:
         return exc.strerror
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
+
+
+def _banner_missing(conn: Any) -> bool:
+    """The TCP connection was accepted but the server never said who it is: paramiko then
+    fails with whatever step came next ('No existing session', 'Error reading ... banner')."""
+    client = getattr(conn, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and not transport.remote_version
 
 
 def _close_quietly(conn: Any) -> None:
