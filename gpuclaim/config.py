@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field, replace
@@ -342,6 +343,12 @@ def _slack(table: dict[str, Any]) -> SlackConfig:
     mentions = table.get("mentions", {})
     if not isinstance(mentions, dict):
         raise ConfigError("'slack.mentions' must be a table of user = \"MEMBER_ID\"")
+    for who, member in mentions.items():
+        # the id goes raw into <@...>: only a member id's characters may get there
+        if not isinstance(member, str) or not re.fullmatch(r"[UW][A-Z0-9]{2,}", member):
+            raise ConfigError(
+                f"'slack.mentions.{who}' must be a Slack member id like \"U024BE7LH\""
+            )
     events = table.get("events", [])
     opt_out = table.get("opt_out", [])
     for key, value in (("events", events), ("opt_out", opt_out)):

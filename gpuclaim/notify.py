@@ -125,10 +125,14 @@ def wanted(event: Event, slack: SlackConfig) -> bool:
 
 
 def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
-    """Block Kit with a plain-text fallback; short enough for a phone."""
+    """Block Kit with a plain-text fallback; short enough for a phone. Everything that comes
+    from users or jobs (names, notes, reasons, log lines) is escaped as Slack asks (``&``,
+    ``<``, ``>``): a log line ``<!channel>`` stays text, never a mass mention or a link."""
     who = _mention(event.user, slack)
-    extra = event.extra
-    where = f"{event.node} GPU {','.join(map(str, event.gpus))}" if event.node else ""
+    extra = {k: _esc(v) if isinstance(v, str) else v for k, v in event.extra.items()}
+    node = _esc(event.node or "")
+    reason = _esc(event.reason or "")
+    where = f"{node} GPU {','.join(map(str, event.gpus))}" if node else ""
     if event.type == "job-end":
         state = extra.get("state", "ended")
         icon = {"succeeded": "✅", "failed": "❌", "timeout": "⏱", "killed": "🛑"}.get(state, "•")
@@ -149,28 +153,35 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     elif event.type == "claim":
         text = f"🔒 {who} claimed {where}" + (f": {extra['note']}" if extra.get("note") else "")
     elif event.type in ("release", "force-release"):
-        by = f" (released by {event.by})" if event.by and event.by != event.user else ""
+        by = f" (released by {_esc(event.by)})" if event.by and event.by != event.user else ""
         text = f"🔓 {who} released {where}{by}"
     elif event.type == "force-kill":
-        text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {event.by} (--force)"
+        killer = _esc(event.by or "?")
+        text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {killer} (--force)"
     elif event.type == "expire":
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == "claim-expiring":
         text = f"⏳ {who}, your claim on {where} ends in {extra.get('left', 'a few minutes')}"
     elif event.type == "claim-idle":
-        text = f"💤 {who}, your claim on {where} looks idle: {event.reason}. Release it?"
+        text = f"💤 {who}, your claim on {where} looks idle: {reason}. Release it?"
     elif event.type == "busy-unclaimed":
-        text = f"⚠️ {where} is busy without a claim: {event.reason}"
+        text = f"⚠️ {where} is busy without a claim: {reason}"
     elif event.type == "node-unreachable":
-        text = f"🔌 {event.node} is unreachable: {event.reason}"
+        text = f"🔌 {node} is unreachable: {reason}"
     else:
-        text = f"{event.type}: {who} {where}"
+        text = f"{_esc(event.type)}: {who} {where}"
     return {"text": _plain(text), "blocks": [_section(text)]}
 
 
 def _mention(user: str, slack: SlackConfig) -> str:
+    """gpuclaim's own markup, the one thing left raw: a member id from the admin's config."""
     member = dict(slack.mentions).get(user)
-    return f"<@{member}>" if member else user
+    return f"<@{member}>" if member else _esc(user)
+
+
+def _esc(text: str) -> str:
+    """Slack's three control characters, as its formatting rules say to escape them."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _section(text: str) -> dict[str, Any]:

@@ -223,3 +223,44 @@ def test_every_force_is_logged_and_told(make_cluster, slack):
     assert forced["force-kill"]["by"] == "bob" and forced["force-kill"]["user"] == "alice"
     slack.wait_for("released by bob", 1)
     slack.wait_for("was killed by bob (--force)", 1)
+
+
+def test_user_and_job_text_cannot_become_slack_markup(make_cluster, slack):
+    """A log line `<!channel>` must not ping the whole channel, a note must not become a
+    disguised link: Slack's control characters from users and jobs arrive escaped, and only
+    gpuclaim's own mention of the holder stays markup."""
+    c = make_cluster({"node01": 2}, fast=True)
+    _with_slack(c, slack.url, events=["claim", "job_ended"])
+    hostile = "<https://evil.example|click> & <!here>"
+    c.ok("claim", "-n", "1", "--note", hostile)
+    c.ok(
+        "run",
+        "--name",
+        "loud-job",
+        "--",
+        "sh",
+        "-c",
+        "echo 'progress <!channel> <@U0BOSS> a&b'; exit 2",
+    )
+    claim = slack.wait_for("claimed", 1)[0]
+    failed = slack.wait_for("loud-job failed", 1)[0]
+    messages = [
+        m for m in slack.received if "claimed" in m["text"] or "loud-job failed" in m["text"]
+    ]
+    wire = json.dumps(messages)
+    for raw in ("<!channel>", "<!here>", "<https://evil.example", "<@U0BOSS>", " a&b"):
+        assert raw not in wire, raw
+    assert "&lt;https://evil.example|click&gt; &amp; &lt;!here&gt;" in claim
+    log_blocks = json.dumps(next(m for m in messages if "loud-job failed" in m["text"])["blocks"])
+    assert "&lt;!channel&gt; &lt;@U0BOSS&gt; a&amp;b" in log_blocks
+    assert "<@U0ALICE>" in json.dumps(messages)  # the holder's mention is still a mention
+    assert "exit code 2" in failed
+
+
+def test_a_mention_that_is_not_a_member_id_is_a_config_error(make_cluster):
+    c = make_cluster({"node01": 1}, fast=True)
+    text = c.config_path.read_text()
+    c.config_path.write_text(text + 'mentions = { alice = "U0A|<!channel>" }\n')  # in [slack]
+    proc = c.cli("status")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "'slack.mentions.alice' must be a Slack member id" in proc.stderr
