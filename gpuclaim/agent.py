@@ -92,6 +92,9 @@ def _storage_facts(root: Path) -> dict[str, Any]:
     store = ClaimStore(root)
     try:
         store.ensure()
+        refusal = store.writable()
+        if refusal:
+            return {"path": str(root), "ok": False, "error": refusal}
         return {"path": str(root), "ok": True, "time": store.now()}
     except GpuclaimError as exc:
         return {"path": str(root), "ok": False, "error": str(exc)}
@@ -142,6 +145,7 @@ def _claim_file(d: dict[str, Any]) -> Any:
 _STORE_METHODS: dict[str, Callable[[ClaimStore, dict[str, Any]], Any]] = {
     "ensure": lambda s, a: s.ensure(),
     "now": lambda s, a: s.now(),
+    "clock": lambda s, a: {"now": s.now(), "refusal": str(s.refusal) if s.refusal else None},
     "snapshot": lambda s, a: s.snapshot().to_dict(),
     "acquire": lambda s, a: s.acquire(_claim(a["claim"])),
     "remove_gpu": lambda s, a: s.remove_gpu(a["uuid"], a.get("claim_id"), inode=a.get("inode", 0)),

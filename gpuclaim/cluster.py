@@ -159,6 +159,9 @@ def build_view(
 def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: Limits) -> GpuRow:
     """free / claimed / busy-unclaimed / stale for one probed GPU."""
     cf = snap.files.get(gpu.uuid)
+    if cf is not None and cf.unreadable:
+        reason = f"claim file {cf.error}: held, by whom gpuclaim cannot tell"
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, "claimed", gpu, None, reason)
     if cf is not None and cf.claim is None:
         return GpuRow(gpu.node, gpu.index, gpu.uuid, "stale", gpu, None, f"claim file {cf.error}")
     foreign = foreign_processes(gpu, limits)

@@ -52,7 +52,8 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
         outcome = outcomes[name]
         if not outcome.ok or outcome.value is None:
             health = NodeHealth(name, reachable=False, seconds=outcome.seconds)
-            health.problems.append((f"not reachable: {outcome.error}", _ssh_fix(outcome.error)))
+            fix = _ssh_fix(outcome.error, by_name[name].host)
+            health.problems.append((f"not reachable: {outcome.error}", fix))
         else:
             facts, offset = outcome.value
             health = _judge(name, facts, offset, storage_offset, outcome.seconds)
@@ -118,9 +119,10 @@ def _judge(
                 h.clock_skew_s = offset - storage_offset
         else:
             h.storage = str(storage.get("error"))
-            h.problems.append(
-                (f"storage: {h.storage}", "mount the shared storage at the same path on the node")
-            )
+            fix = "mount the shared storage at the same path on the node"
+            if "refuses writes" in h.storage:
+                fix = "free space on the storage (df -h) or mount it read-write (mount)"
+            h.problems.append((f"storage: {h.storage}", fix))
     elif storage_offset is not None:
         h.clock_skew_s = offset - storage_offset
     if h.clock_skew_s is not None and abs(h.clock_skew_s) > MAX_SKEW_S:
@@ -142,12 +144,13 @@ def _storage_offset(store: Store) -> Optional[float]:
         return None
 
 
-def _ssh_fix(error: Optional[str]) -> str:
+def _ssh_fix(error: Optional[str], host: str) -> str:
+    """The fix for an SSH failure, with the node's own name in the commands to try."""
     text = error or ""
     if "HOST KEY CHANGED" in text:
-        return "if the node was reinstalled: ssh-keygen -R HOST, then ssh HOST once"
+        return f"if the node was reinstalled: ssh-keygen -R {host}, then ssh {host} once"
     if "unknown host key" in text:
-        return "ssh to the node once to check and accept its key"
+        return f"ssh {host} once to check and accept its key"
     if "authentication" in text:
-        return "check your key: ssh HOST true must work without a password"
-    return "check that the node is up and ssh HOST true works"
+        return f"check your key: ssh {host} true must work without a password"
+    return f"check that the node is up and ssh {host} true works"

@@ -53,6 +53,11 @@ class StoreError(GpuclaimError):
     """The shared storage cannot be read or written."""
 
 
+class StorageRefusesWrites(StoreError):
+    """The storage can be read but not written: read-only, full, over quota, or not ours to
+    write. Looking still works (from what can be read); acting fails with this one line."""
+
+
 class ProbeError(GpuclaimError):
     """No GPU information could be obtained on a node (no driver, nvidia-smi failed)."""
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from gpuclaim.errors import ConflictError, StoreError
+from gpuclaim.errors import ConflictError, StorageRefusesWrites, StoreError
 from gpuclaim.identity import this_host
 from gpuclaim.model import Claim, Event
 
@@ -85,6 +85,7 @@ PLAIN_METHODS = frozenset(
         "notify_state",
         "record_usage",
         "usage_summaries",
+        "writable",
     }
 )
 
@@ -99,6 +100,11 @@ class ClaimFile:
     inode: int
     claim: Optional[Claim] = None
     error: Optional[str] = None
+
+    @property
+    def unreadable(self) -> bool:
+        """Present but not ours to read (or the server failed us): held by someone unknown."""
+        return self.claim is None and (self.error or "").startswith("unreadable")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,7 +154,8 @@ class Snapshot:
         return self.claims.get(f.claim.id)
 
     def corrupt(self) -> list[ClaimFile]:
-        return [f for f in self.files.values() if f.claim is None]
+        """Damaged claim files (they parse as no claim): reclaimable. Unreadable ones are not."""
+        return [f for f in self.files.values() if f.claim is None and not f.unreadable]
 
     def to_dict(self) -> dict[str, Any]:
         """The wire shape the node agent sends for storage over SSH."""
@@ -191,6 +198,7 @@ class Store(Protocol):
     """What the core needs of a store: ``ClaimStore`` here, or ``RemoteStore`` over SSH."""
 
     root: Path
+    refusal: Optional[StorageRefusesWrites]  # known once now() has run
 
     def ensure(self) -> None: ...
     def now(self) -> float: ...
@@ -227,6 +235,7 @@ class Store(Protocol):
     def notify_state(self) -> dict[str, Any]: ...
     def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None: ...
     def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]: ...
+    def writable(self) -> Optional[str]: ...
 
 
 class ClaimStore:
@@ -237,34 +246,53 @@ class ClaimStore:
         self.host_lock_dir = host_lock_dir
         self._clock_offset: Optional[float] = None
         self.host = this_host()
+        # Set when the clock probe found that the storage refuses writes (looks say so).
+        self.refusal: Optional[StorageRefusesWrites] = None
 
     # -- layout -------------------------------------------------------------------------------
     def ensure(self) -> None:
-        """Create the layout (group-shared) if missing; a clear error if we cannot."""
+        """Create the layout (group-shared) unless it is there: one stat once it is.
+
+        ``VERSION`` is written last, so its presence means the whole layout exists; a store
+        whose layout is complete is never written to just to look at it (a read-only or full
+        file system can still be read, and sshfs/NFS may answer ``mkdir`` of an existing
+        directory with EPERM or EACCES instead of EEXIST)."""
+        version = self.root / "VERSION"
+        try:
+            if _read_stale_safe(version).strip() == str(LAYOUT_VERSION).encode():
+                return
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise storage_error(self.root, exc, "read") from exc
         try:
             _mkdir_shared(self.root)
             for sub in _SUBDIRS:
                 _mkdir_shared(self.root / sub)
-            version = self.root / "VERSION"
-            if not version.exists():
-                try:
-                    self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
-                except FileExistsError:
-                    pass  # another process made the store at the same moment
+            _mkdir_shared(self.root / "notify" / "seen")
+            try:
+                self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
+            except FileExistsError:
+                pass  # another process made the store at the same moment
         except OSError as exc:
-            raise StoreError(
-                f"cannot use storage {self.root}: {exc.strerror or exc}",
-                hint="check that the path exists and your group may write to it",
-            ) from exc
+            raise storage_error(self.root, exc) from exc
 
     def _p(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
 
     # -- clock --------------------------------------------------------------------------------
     def now(self) -> float:
-        """The storage's clock: the file server stamps a new file's mtime with its own time."""
+        """The storage's clock: the file server stamps a new file's mtime with its own time.
+        Storage that refuses writes cannot be asked: then ours stands in (only looking works
+        there, and what is seen is judged against it; every write fails with its reason)."""
         if self._clock_offset is None:
-            self._clock_offset = self._measure_clock_offset()
+            try:
+                self._clock_offset = self._measure_clock_offset()
+            except StorageRefusesWrites as exc:
+                self.refusal = exc
+                self._clock_offset = 0.0
+            except StoreError:
+                self._clock_offset = 0.0  # no layout to probe in; any write fails on its own
         return time.time() + self._clock_offset
 
     def _measure_clock_offset(self) -> float:
@@ -278,12 +306,14 @@ class ClaimStore:
             try:
                 fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
                 try:
+                    # a byte, not an empty file: a full disk still makes empty files
+                    os.write(fd, b"\n")
                     server = os.fstat(fd).st_mtime
                 finally:
                     os.close(fd)
-                    _unlink_quiet(probe)
+                    _discard(probe)
             except OSError as exc:
-                raise StoreError(f"cannot write to storage {self.root}: {exc.strerror}") from exc
+                raise storage_error(self.root, exc) from exc
             after = time.time()
             sample = ((after - before) / 2, server - (before + after) / 2)
             if best is None or sample[0] < best[0]:
@@ -294,6 +324,14 @@ class ClaimStore:
         uncertainty, offset = best
         return offset if abs(offset) > uncertainty + 1.0 else 0.0
 
+    def writable(self) -> Optional[str]:
+        """None if a claim could be written now; else why not (read-only, full...)."""
+        try:
+            _discard(self._stage(b"{}\n", sync=False))
+        except StoreError as exc:
+            return str(exc)
+        return None
+
     # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Read every claim file and drain mark; never raises for a damaged file."""
@@ -301,9 +339,11 @@ class ClaimStore:
         snap = Snapshot(now=now)
         gpus_dir = self._p("gpus")
         try:
-            names = os.listdir(gpus_dir)
+            names = _listdir_stale_safe(gpus_dir)
+        except FileNotFoundError:
+            names = []  # a store whose layout could not be made (read-only): nothing claimed
         except OSError as exc:
-            raise StoreError(f"cannot read storage {gpus_dir}: {exc.strerror}") from exc
+            raise storage_error(self.root, exc, "read") from exc
         for name in names:
             if not name.endswith(".claim"):
                 continue
@@ -335,13 +375,19 @@ class ClaimStore:
     def _read_claim_file(self, path: Path) -> Optional[ClaimFile]:
         gpu_uuid = path.name[: -len(".claim")]
         try:
-            with open(path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                raw = fh.read(1 << 20)
+            st, raw = _again_if_stale(lambda: _read_with_stat(path))
         except FileNotFoundError:
             return None  # released while we listed
         except OSError as exc:
-            return ClaimFile(gpu_uuid, path, 0.0, 0, error=f"unreadable: {exc.strerror}")
+            # Held, by whom we cannot tell (another user's file we may not read, a file server
+            # that answers EIO): never taken for damage, so never quarantined or reclaimed.
+            try:
+                st = os.stat(path)
+            except OSError:
+                return ClaimFile(gpu_uuid, path, 0.0, 0, error=f"unreadable: {exc.strerror}")
+            return ClaimFile(
+                gpu_uuid, path, st.st_mtime, st.st_ino, error=f"unreadable: {exc.strerror}"
+            )
         try:
             claim = Claim.from_dict(json.loads(raw.decode("utf-8")))
             if gpu_uuid not in claim.uuids:
@@ -412,9 +458,9 @@ class ClaimStore:
                 taken.append(gpu_uuid)
         except OSError as exc:
             self._give_back(claim.id, taken)
-            raise StoreError(f"cannot write claim to {self.root}: {exc.strerror}") from exc
+            raise storage_error(self.root, exc) from exc
         finally:
-            _unlink_quiet(tmp)
+            _discard(tmp)
 
     def _give_back(self, claim_id: str, uuids: Iterable[str]) -> None:
         for gpu_uuid in uuids:
@@ -443,6 +489,8 @@ class ClaimStore:
             current = self._read_claim_file(cf.path)
             if current is None or current.claim is not None or current.inode != cf.inode:
                 return False
+            if current.unreadable:
+                return False
             dest = self._p("corrupt", f"{cf.uuid}.{int(self.now())}.{_nonce()}.claim")
             try:
                 os.rename(cf.path, dest)
@@ -463,8 +511,8 @@ class ClaimStore:
                 try:
                     os.rename(tmp, target)
                 except OSError as exc:
-                    _unlink_quiet(tmp)
-                    raise StoreError(f"cannot rewrite {target}: {exc.strerror}") from exc
+                    _discard(tmp)
+                    raise storage_error(self.root, exc) from exc
 
     @contextlib.contextmanager
     def gpu_lock(self, gpu_uuid: str) -> Iterator[None]:
@@ -487,7 +535,7 @@ class ClaimStore:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.05)
         finally:
-            _unlink_quiet(tmp)
+            _discard(tmp)
         try:
             yield
         finally:
@@ -504,7 +552,7 @@ class ClaimStore:
                 _break_lock(lock)
                 taken = _link_exclusive(tmp, lock)
         finally:
-            _unlink_quiet(tmp)
+            _discard(tmp)
         if not taken:
             return None
 
@@ -576,7 +624,7 @@ class ClaimStore:
             if not _link_exclusive(tmp, self._p("jobs", f"{job['id']}.json")):
                 raise ConflictError(f"job {job['id']} exists already")
         finally:
-            _unlink_quiet(tmp)
+            _discard(tmp)
 
     def load_job_dict(self, job_id: str) -> Optional[dict[str, Any]]:
         path = self._p("jobs", f"{_safe(job_id)}.json")
@@ -634,8 +682,8 @@ class ClaimStore:
             try:
                 os.rename(tmp, self._p("jobs", f"{_safe(job_id)}.json"))
             except OSError as exc:
-                _unlink_quiet(tmp)
-                raise StoreError(f"cannot update job {job_id}: {exc.strerror}") from exc
+                _discard(tmp)
+                raise storage_error(self.root, exc) from exc
             return {"job": updated, "applied": True}
 
     def beat(self, claim_id: str, interval: float) -> None:
@@ -644,7 +692,7 @@ class ClaimStore:
         tmp = self._stage(
             _encode({"interval": interval, "host": self.host, "pid": os.getpid()}), sync=False
         )
-        os.rename(tmp, path)
+        self._publish(tmp, path)
 
     def drop_beat(self, claim_id: str) -> None:
         _unlink_quiet(self._p("beats", _safe(claim_id)))
@@ -666,13 +714,15 @@ class ClaimStore:
                 summary = fold_sample(
                     current, float(sample["since"]), now, list(sample["utils"]), threshold_pct
                 )
-                tmp = self._stage(_encode(summary), sync=False)
-                os.rename(tmp, path)
+                self._publish(self._stage(_encode(summary), sync=False), path)
 
     def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
         result: dict[str, dict[str, Any]] = {}
         directory = self._p("usage")
-        names = [f"{i}.json" for i in ids] if ids is not None else os.listdir(directory)
+        try:
+            names = [f"{i}.json" for i in ids] if ids is not None else os.listdir(directory)
+        except FileNotFoundError:
+            return result
         for name in names:
             try:
                 data = json.loads((directory / name).read_text("utf-8"))
@@ -694,16 +744,23 @@ class ClaimStore:
         """Remember which conditions of ``scope`` hold now; return those that are new (each
         notice goes out once per episode: a GPU busy again later is news again)."""
         directory = self._p("notify", "seen")
-        directory.mkdir(parents=True, exist_ok=True)
         wanted = {f"{scope}--{_safe(k)}" for k in keys}
         new = []
         for name in sorted(wanted):
             try:
-                os.close(os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+                fd = os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise storage_error(self.root, exc) from exc
+            _fix_mode(fd)
+            os.close(fd)
             new.append(name.split("--", 1)[1])
-        for name in os.listdir(directory):
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return new
+        for name in names:
             if name.startswith(f"{scope}--") and name not in wanted:
                 _unlink_quiet(directory / name)
         return new
@@ -712,8 +769,7 @@ class ClaimStore:
     def enqueue(self, job_id: str) -> str:
         """Append a job to the queue; names sort in submission order (storage clock)."""
         name = f"{self.now():017.6f}-{_safe(job_id)}"
-        tmp = self._stage(b"{}\n")
-        os.rename(tmp, self._p("queue", name))
+        self._publish(self._stage(b"{}\n"), self._p("queue", name))
         return name
 
     def queue_entries(self) -> list[str]:
@@ -730,6 +786,8 @@ class ClaimStore:
             os.rename(self._p("queue", _safe(name)), taken)
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            raise storage_error(self.root, exc) from exc
         try:
             os.utime(taken)  # taken now: the age a sweep judges by
         except OSError:
@@ -750,7 +808,11 @@ class ClaimStore:
         """Entries taken by a dispatcher that died (here), or long ago (elsewhere), go back."""
         returned = 0
         directory = self._p("queue")
-        for taken in os.listdir(directory):
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return 0
+        for taken in names:
             if not taken.startswith(".taken."):
                 continue
             host, pid_text, name = taken[len(".taken.") :].split(".", 2)
@@ -789,8 +851,7 @@ class ClaimStore:
         return result
 
     def set_drain(self, node: str, info: dict[str, Any]) -> None:
-        tmp = self._stage(_encode(info))
-        os.rename(tmp, self._p("drain", node))
+        self._publish(self._stage(_encode(info)), self._p("drain", node))
 
     def clear_drain(self, node: str) -> bool:
         try:
@@ -810,13 +871,13 @@ class ClaimStore:
         with self._host_lock(f"events-{name}"):
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+                try:
+                    _fix_mode(fd)
+                    os.write(fd, line)
+                finally:
+                    os.close(fd)
             except OSError as exc:
-                raise StoreError(f"cannot write event log {path}: {exc.strerror}") from exc
-            try:
-                _fix_mode(fd)
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+                raise storage_error(self.root, exc) from exc
 
     def read_events(self) -> tuple[list[Event], int]:
         """All events of all hosts in time order, and the number of lines that did not parse."""
@@ -872,9 +933,17 @@ class ClaimStore:
         try:
             self._write_new(tmp, payload, sync)
         except OSError as exc:
-            _unlink_quiet(tmp)
-            raise StoreError(f"cannot write to storage {self.root}: {exc.strerror}") from exc
+            _discard(tmp)
+            raise storage_error(self.root, exc) from exc
         return tmp
+
+    def _publish(self, staged: Path, path: Path) -> None:
+        """Rename a staged file into place (atomic: readers see the old or the new file)."""
+        try:
+            os.rename(staged, path)
+        except OSError as exc:
+            _discard(staged)
+            raise storage_error(self.root, exc) from exc
 
     @staticmethod
     def _write_new(path: Path, payload: bytes, sync: bool = True) -> None:
@@ -889,6 +958,51 @@ class ClaimStore:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# Answers that mean "you may read this storage but not write it": read-only, full, over quota,
+# or not ours (root squash, a directory another user made without group write).
+_REFUSED = frozenset(
+    code
+    for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", 0), errno.EACCES, errno.EPERM)
+    if code
+)
+
+
+def storage_error(root: Path, exc: OSError, doing: str = "write") -> StoreError:
+    """The one-line error for an OSError on the store, by what the answer means."""
+    reason = exc.strerror or str(exc)
+    if doing == "write" and exc.errno in _REFUSED:
+        return StorageRefusesWrites(f"storage {root} refuses writes: {reason}")
+    if exc.errno == errno.EIO:
+        return StoreError(f"cannot {doing} storage {root}: {reason} (is the file server up?)")
+    if exc.errno == errno.ENOENT and not root.exists():
+        return StoreError(f"storage {root} does not exist")
+    return StoreError(f"cannot {doing} storage {root}: {reason}")
+
+
+def _again_if_stale(op: Any) -> Any:
+    """NFS answers ESTALE when a file was replaced between lookup and use (rename over it):
+    a fresh lookup finds the new one, so once more is the right answer, not an error."""
+    try:
+        return op()
+    except OSError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+        return op()
+
+
+def _read_with_stat(path: Path) -> tuple[os.stat_result, bytes]:
+    with open(path, "rb") as fh:
+        return os.fstat(fh.fileno()), fh.read(1 << 20)
+
+
+def _read_stale_safe(path: Path) -> bytes:
+    return _again_if_stale(lambda: _read_with_stat(path)[1])
+
+
+def _listdir_stale_safe(path: Path) -> list[str]:
+    return _again_if_stale(lambda: os.listdir(path))
 
 
 def _safe(name: str) -> str:
@@ -958,8 +1072,12 @@ def _nonce() -> str:
 def _mkdir_shared(path: Path) -> None:
     try:
         os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        return
+    except OSError:
+        # EEXIST, or EPERM/EACCES from SFTP (sshfs) and root-squashed NFS for a directory that
+        # is there: an existing directory is success, whatever the code says.
+        if os.path.isdir(path):
+            return
+        raise
     with contextlib.suppress(OSError):
         os.chmod(path, DIR_MODE)  # mkdir's mode is cut by the umask
 
@@ -967,6 +1085,13 @@ def _mkdir_shared(path: Path) -> None:
 def _fix_mode(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.fchmod(fd, FILE_MODE)  # the umask would otherwise make it -rw-------/-rw-r--r--
+
+
+def _discard(path: Path) -> None:
+    """Remove our own staged file, if it is there: a leftover is swept later, so no failure
+    here (EROFS is what unlink answers on a read-only mount, even for no file) matters."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _unlink_quiet(path: Path) -> None:

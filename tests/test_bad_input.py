@@ -118,7 +118,7 @@ def test_damaged_event_log_line_is_skipped_with_a_warning(cluster):
 def test_storage_that_cannot_be_created(cluster):
     text = cluster.config_path.read_text().replace(str(cluster.storage), "/nonexistent/dir/store")
     cluster.config_path.write_text(text)
-    _one_line_error(cluster.cli("status"), 1, "cannot use storage /nonexistent/dir/store")
+    _one_line_error(cluster.cli("status"), 1, "storage /nonexistent/dir/store does not exist")
 
 
 def test_driver_missing_node_is_a_row_and_exit_4(make_cluster):

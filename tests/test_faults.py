@@ -80,30 +80,81 @@ def small_storage(make_cluster, tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_read_only_storage_is_a_clear_error_and_nothing_changes(small_storage):
+LOOKING = (
+    ["status", "--json"],
+    ["status"],
+    ["jobs", "--json"],
+    ["history"],
+    ["board", "--once"],
+)
+
+
+def _assert_looks_still_work(c, claim_id: str, why: str) -> None:
+    """Looking answers from what the store holds, with its normal exit code, and says once
+    (one line on stderr) that the storage refuses writes, and why."""
+    for args in LOOKING:
+        proc = c.cli(*args)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, proc.stderr)
+        assert "refuses writes" in lines[0] and why in lines[0], (args, lines)
+        if args[0] == "status":
+            assert claim_id in proc.stdout or "alice" in proc.stdout, proc.stdout
+    rows = json.loads(c.cli("status", "--json").stdout)
+    assert [r["claim"]["id"] for r in rows if r["claim"]] == [claim_id]
+    doctor = c.cli("doctor")
+    assert doctor.returncode == 1  # a storage that refuses writes is a problem to fix
+    assert why in doctor.stdout and "Traceback" not in doctor.stderr
+
+
+def _assert_acting_fails_cleanly(c, claim_id: str, why: str) -> None:
+    for args in (
+        ["claim", "-n", "1"],
+        ["release", claim_id],
+        ["release", "--all"],
+        ["extend", claim_id, "--time", "1h"],
+        ["run", "--", "true"],
+    ):
+        proc = c.cli(*args)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "refuses writes" in lines[0] and why in lines[0], (args, lines)
+
+
+def test_read_only_storage_looking_works_acting_fails_nothing_changes(small_storage):
     c, mnt = small_storage
-    claim = c.json("claim", "-n", "1")
-    before = sorted(p.name for p in (c.storage / "gpus").iterdir())
+    claim = c.json("claim", "-n", "1", "--note", "keep me")
+    before = {p.name: p.read_bytes() for p in (c.storage / "gpus").iterdir()}
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
     try:
-        for args in (["claim", "-n", "1"], ["release", claim["id"]], ["status"]):
-            proc = c.cli(*args)
-            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
-            assert "Traceback" not in proc.stderr
-            line = proc.stderr.strip().splitlines()[-1]
-            assert "storage" in line and "Read-only file system" in line, line
-        doctor = c.cli("doctor")
-        assert doctor.returncode == 1
-        assert "Read-only file system" in doctor.stdout + doctor.stderr
+        _assert_looks_still_work(c, claim["id"], "Read-only file system")
+        _assert_acting_fails_cleanly(c, claim["id"], "Read-only file system")
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
-    assert sorted(p.name for p in (c.storage / "gpus").iterdir()) == before
+    assert {p.name: p.read_bytes() for p in (c.storage / "gpus").iterdir()} == before
     c.ok("release", claim["id"])
 
 
-def test_full_storage_is_a_clear_error_and_nothing_half_written(small_storage):
+def test_read_only_storage_without_a_layout_yet_still_answers_status(small_storage):
     c, mnt = small_storage
-    c.ok("status")  # the store exists
+    c.storage.mkdir()  # the admin made it; nobody has used it yet
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    try:
+        proc = c.cli("status", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert {r["state"] for r in json.loads(proc.stdout)} == {"free"}
+        assert "refuses writes" in proc.stderr and len(proc.stderr.splitlines()) == 1
+        claim = c.cli("claim", "-n", "1")
+        assert claim.returncode == 1 and "refuses writes" in claim.stderr, claim.stderr
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+
+
+def test_full_storage_looking_works_acting_fails_nothing_half_written(small_storage):
+    c, mnt = small_storage
+    claim = c.json("claim", "-n", "1")
+    before = {p.name: p.read_bytes() for p in (c.storage / "gpus").iterdir()}
     filler = mnt / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:
@@ -113,12 +164,15 @@ def test_full_storage_is_a_clear_error_and_nothing_half_written(small_storage):
         pass  # full
     finally:
         os.close(fd)
-    proc = c.cli("claim", "-n", "1")
-    assert proc.returncode == 1, proc.stdout
-    assert "No space left on device" in proc.stderr and "Traceback" not in proc.stderr
-    assert not list((c.storage / "gpus").iterdir())  # no half claim left behind
-    filler.unlink()
-    assert c.json("claim", "-n", "2")["gpus"] == [0, 1]
+    try:
+        _assert_looks_still_work(c, claim["id"], "No space left on device")
+        _assert_acting_fails_cleanly(c, claim["id"], "No space left on device")
+        # no half claim left behind, the existing one intact
+        assert {p.name: p.read_bytes() for p in (c.storage / "gpus").iterdir()} == before
+    finally:
+        filler.unlink()
+    assert c.json("claim", "-n", "1")["gpus"] == [1]
+    c.ok("release", "--all")
 
 
 def test_node_sshd_killed_mid_run(testbed, make_remote):

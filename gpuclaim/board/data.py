@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from gpuclaim.board.services import BoardServices
 from gpuclaim.cluster import ClusterView, GpuRow, build_view
-from gpuclaim.idle import apply_policy, sample_view, usage_view
+from gpuclaim.errors import StorageRefusesWrites
+from gpuclaim.idle import follow_up_look, usage_view
 from gpuclaim.jobs import load_jobs, observed_state
 from gpuclaim.model import ACTIVE_JOB_STATES, Job, NodeInventory
 
@@ -78,6 +79,7 @@ class BoardData:
     pending: tuple[str, ...] = ()  # nodes that have not answered their first probe yet
     node_names: tuple[str, ...] = ()  # every node, in config order
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)  # by claim id (idle marks)
+    refusal: str = ""  # why this look recorded nothing: the storage refuses writes
 
     @property
     def now(self) -> float:
@@ -110,31 +112,39 @@ def read_board(
     else:  # build_view() with no nodes means all nodes: read the store alone instead
         snap = services.store.snapshot()
         view = ClusterView(rows=[], inventories={}, snapshot=snap, drains=snap.drains)
-    usage = _usage(services, view, fold_usage and bool(answered))
+    usage, refusal = _usage(services, view, fold_usage and bool(answered))
     jobs = {j.id: j for j in load_jobs(services.store) if j.state in ACTIVE_JOB_STATES}
     states = {jid: observed_state(j, view.snapshot.claims) for jid, j in jobs.items()}
     queue = len(services.store.queue_entries())
     pending = tuple(n.name for n in config.nodes if n.name not in samples)
     names = tuple(n.name for n in config.nodes)
     return BoardData(
-        view, jobs, states, queue, services.clock(), dict(samples), pending, names, usage
+        view,
+        jobs,
+        states,
+        queue,
+        services.clock(),
+        dict(samples),
+        pending,
+        names,
+        usage,
+        str(refusal) if refusal else "",
     )
 
 
-def _usage(services: BoardServices, view: ClusterView, fold: bool) -> dict[str, dict[str, Any]]:
+def _usage(
+    services: BoardServices, view: ClusterView, fold: bool
+) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:
     config, store = services.config, services.store
+    refusal = None
     if fold:
-        summaries = sample_view(view, store, config.idle.threshold_pct)
-        apply_policy(config, store, view, summaries)
-        if config.slack.webhook_url:
-            from gpuclaim.notify import record_notices
-
-            record_notices(view, store)
+        summaries, refusal = follow_up_look(config, store, view)
     else:
         held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})
         summaries = store.usage_summaries(ids=held) if held else {}
     now, window = view.snapshot.now, config.idle.window_s
-    return {cid: usage_view(summary, now, window) for cid, summary in summaries.items()}
+    usage = {cid: usage_view(summary, now, window) for cid, summary in summaries.items()}
+    return usage, refusal
 
 
 def visible_rows(data: BoardData, filters: Filters) -> list[GpuRow]:

@@ -103,7 +103,7 @@ def doctor(
     from gpuclaim.cli import render
     from gpuclaim.doctor import run_doctor
 
-    st = state(ctx)
+    st = state(ctx, looking=True)
     with waiting(f"checking {len(st.config.nodes)} node(s)"):
         report = run_doctor(st.config, st.store, st.prober)
     slack: list[tuple[str, str]] = []

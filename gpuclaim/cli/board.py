@@ -52,7 +52,7 @@ def board(
     refresh_s = parse_duration(refresh)
     if refresh_s < MIN_REFRESH_S:
         raise UsageError(f"--refresh must be at least {MIN_REFRESH_S}s")
-    st = state(ctx)
+    st = state(ctx, looking=True)
     for name in node or ():
         st.config.node(name)  # an unknown node is an error naming the known ones
     options = BoardOptions(
@@ -67,6 +67,8 @@ def board(
     if once or svg is not None:
         with waiting(f"asking {len(st.config.nodes)} node(s)"):
             data = read_once(services)
+        if data.refusal:
+            st.refused(data.refusal)
         if once:
             _print_once(services, data, width)
         if svg is not None:

@@ -31,6 +31,8 @@ class AppState:
     """Set by the top-level callback from the global options; loaded lazily."""
 
     config_path: Optional[Path] = None
+    looking: bool = False  # a command that only looks: storage refusing writes is no error
+    _refusal_said: bool = field(default=False, repr=False)
     _config: Optional[Config] = field(default=None, repr=False)
     _store: Optional[Store] = field(default=None, repr=False)
     _prober: Optional[NodeProber] = field(default=None, repr=False)
@@ -46,7 +48,11 @@ class AppState:
         return self._config
 
     def finish(self) -> None:
-        """After every command: post pending Slack messages, bounded by the short timeout."""
+        """After every command: post pending Slack messages, bounded by the short timeout.
+        A look at storage that refuses writes says so (once), even if it needed no write."""
+        refusal = getattr(self._store, "refusal", None)
+        if self.looking and refusal is not None:
+            self.refused(refusal)
         if self._config is None or self._store is None or not self._config.slack.webhook_url:
             return
         from gpuclaim.errors import GpuclaimError
@@ -77,7 +83,7 @@ class AppState:
 
     def dispatch_quietly(self) -> None:
         """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon."""
-        from gpuclaim.errors import GpuclaimError
+        from gpuclaim.errors import GpuclaimError, StorageRefusesWrites
         from gpuclaim.jobs import dispatch_queue
 
         try:
@@ -88,8 +94,27 @@ class AppState:
             return
         try:
             dispatch_queue(self.config, self.store, self.prober, self.ops)
+        except StorageRefusesWrites as exc:
+            self.refused(exc)
         except GpuclaimError as exc:
             err().print(f"warning: could not start queued jobs: {exc}")
+
+    def refused(self, exc: Exception) -> None:
+        """Say once per command that the storage refuses writes, and what that means here."""
+        if not self._refusal_said:
+            self._refusal_said = True
+            err().print(f"warning: {exc}; showing what it holds, nothing was recorded")
+
+    @contextlib.contextmanager
+    def side_work(self) -> Iterator[None]:
+        """Work a look does on the way (notices, cursors, samples): best effort when the
+        storage refuses writes, said once."""
+        from gpuclaim.errors import StorageRefusesWrites
+
+        try:
+            yield
+        except StorageRefusesWrites as exc:
+            self.refused(exc)
 
     @property
     def store(self) -> Store:
@@ -106,7 +131,11 @@ class AppState:
                 from gpuclaim.store import ClaimStore
 
                 store = ClaimStore(self.config.storage_path, host_lock_dir())
-            store.ensure()
+            if self.looking:
+                with self.side_work():  # a layout it cannot make: read what is there
+                    store.ensure()
+            else:
+                store.ensure()
             self._store = store
         return self._store
 
@@ -183,10 +212,14 @@ def root(
     ctx.call_on_close(ctx.obj.finish)
 
 
-def state(ctx: typer.Context) -> AppState:
+def state(ctx: typer.Context, looking: bool = False) -> AppState:
+    """The command's state; ``looking`` for commands that only show (status, jobs, history,
+    board, doctor, logs): they answer from what storage that refuses writes still holds."""
     top = ctx.find_root()
     if not isinstance(top.obj, AppState):
         top.obj = AppState()
+    if looking:
+        top.obj.looking = True
     return top.obj
 
 

@@ -39,7 +39,7 @@ def history(
         raise UsageError(f"--by must be one of {', '.join(GROUPINGS)}, not {by!r}")
     if user is not None:
         validate_name(user, "user name")
-    st = state(ctx)
+    st = state(ctx, looking=True)
     store = st.store
     snap = store.snapshot()
     start = _since(since, snap.now)

@@ -128,7 +128,7 @@ def jobs(
     from gpuclaim.cli.render import jobs_table
     from gpuclaim.jobs import ACTIVE_JOB_STATES, load_jobs, observed_state, queue_positions
 
-    st = state(ctx)
+    st = state(ctx, looking=True)
     st.dispatch_quietly()
     store = st.store
     snap = store.snapshot()
@@ -170,7 +170,7 @@ def logs(
     """Show a job's output (from the log file on its node)."""
     from gpuclaim.jobs import FINAL_STATES, find_job
 
-    st = state(ctx)
+    st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
     if rank >= len(job.ranks) or not job.ranks[rank].log:
         raise GpuclaimError(f"job {job.name} has no log yet ({job.state})")
@@ -208,7 +208,7 @@ def attach(
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
     from gpuclaim.jobs import attach_command, find_job
 
-    st = state(ctx)
+    st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
     if job.state not in ("running", "starting"):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")

@@ -24,9 +24,9 @@ def status(
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.cli.render import status_summary, status_table
     from gpuclaim.cluster import build_view
-    from gpuclaim.idle import apply_policy, sample_view, usage_view
+    from gpuclaim.idle import follow_up_look, usage_view
 
-    st = state(ctx)
+    st = state(ctx, looking=True)
     st.dispatch_quietly()
     cfg = st.config
     nodes = [cfg.node(n) for n in node] if node else None
@@ -34,12 +34,9 @@ def status(
         view = build_view(cfg, st.store, nodes, prober=st.prober)
     if not node:  # the whole picture: what completion offers next time
         completion.remember_view(cfg.path, view)
-    summaries = sample_view(view, st.store, cfg.idle.threshold_pct)
-    apply_policy(cfg, st.store, view, summaries)
-    if cfg.slack.webhook_url:
-        from gpuclaim.notify import record_notices
-
-        record_notices(view, st.store)
+    summaries, refusal = follow_up_look(cfg, st.store, view)
+    if refusal:
+        st.refused(refusal)
     usage = {
         cid: usage_view(summary, view.snapshot.now, cfg.idle.window_s)
         for cid, summary in summaries.items()
@@ -59,7 +56,8 @@ def status(
         console.print(status_table(view, view.snapshot.now, usage))
         for name in view.unreachable:
             console.print(f"[red]{name}: {view.inventories[name].error}[/red]")
-        _advise_slurm_once(view, st.store, console)
+        with st.side_work():
+            _advise_slurm_once(view, st.store, console)
     if view.unreachable:
         raise typer.Exit(ExitCode.UNREACHABLE)
 

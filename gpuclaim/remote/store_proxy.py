@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from gpuclaim.errors import ConfigError
+from gpuclaim.errors import ConfigError, StorageRefusesWrites
 from gpuclaim.model import Claim, Event
 from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.store import PLAIN_METHODS, ClaimFile, Snapshot
@@ -37,6 +37,7 @@ class RemoteStore:
         self.root = Path(root)
         self.timeout = timeout
         self._offset: Optional[float] = None
+        self.refusal: Optional[StorageRefusesWrites] = None
 
     def _call(self, method: str, **args: Any) -> Any:
         request = {"op": "store", "root": str(self.root), "method": method, "args": args}
@@ -55,8 +56,10 @@ class RemoteStore:
         """The storage host's clock, measured once per process (one round trip)."""
         if self._offset is None:
             before = time.time()
-            remote = float(self._call("now"))
-            self._offset = remote - (before + time.time()) / 2
+            clock = self._call("clock")
+            self._offset = float(clock["now"]) - (before + time.time()) / 2
+            if clock.get("refusal"):
+                self.refusal = StorageRefusesWrites(str(clock["refusal"]))
         return time.time() + self._offset
 
     def snapshot(self) -> Snapshot:
