@@ -13,12 +13,10 @@ Standard library only: job wrappers deliver from the nodes (the laptop may be cl
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.config import Config, SlackConfig
@@ -264,8 +262,6 @@ def deliver(config: Config, store: ClaimStore, budget_s: float = 2.0) -> Deliver
     slack = config.slack
     if not slack.webhook_url:
         return report
-    state_dir = store.root / "notify"
-    state_dir.mkdir(exist_ok=True)
     lock = store.try_lock("notify")
     give_up = time.monotonic() + budget_s / 2
     while lock is None and time.monotonic() < give_up:
@@ -275,15 +271,15 @@ def deliver(config: Config, store: ClaimStore, budget_s: float = 2.0) -> Deliver
         report.pending = True
         return report
     with lock:
-        state = _load(state_dir / "state.json")
+        state = store.read_notify("state.json")
         if time.time() < float(state.get("not_before", 0)):
             report.pending = True
             return report
         deadline = time.monotonic() + budget_s
         last_post = 0.0
         for log in sorted((store.root / "events").glob("*.jsonl")):
-            cursor_path = state_dir / f"cursor-{log.stem}.json"
-            cursor = _load(cursor_path)
+            cursor_name = f"cursor-{log.stem}.json"
+            cursor = store.read_notify(cursor_name)
             offset = int(cursor.get("offset", 0))
             # A webhook configured today does not post the lab's whole history.
             skip_before = time.time() - FIRST_RUN_WINDOW_S if not cursor else 0.0
@@ -309,21 +305,21 @@ def deliver(config: Config, store: ClaimStore, budget_s: float = 2.0) -> Deliver
                         state.update(last_error=report.last_error, last_error_at=time.time())
                         if result.retry_after is not None:
                             state["not_before"] = time.time() + result.retry_after
-                        _save(state_dir / "state.json", state)
+                        store.write_notify("state.json", state)
                         return report
                     if result.permanent:
                         # Not retried forever: recorded for doctor / notify test, then dropped.
                         state.update(
                             permanent_error=result.describe(), permanent_error_at=time.time()
                         )
-                        _save(state_dir / "state.json", state)
+                        store.write_notify("state.json", state)
                     else:
                         report.sent += 1
                 offset += len(raw)
-                _save(cursor_path, {"offset": offset})
+                store.write_notify(cursor_name, {"offset": offset})
         if report.sent and state.get("last_error"):
             state.pop("last_error", None)
-            _save(state_dir / "state.json", state)
+            store.write_notify("state.json", state)
     return report
 
 
@@ -352,17 +348,3 @@ def _parse(raw: bytes) -> Optional[Event]:
         return Event.from_dict(json.loads(raw.decode("utf-8")))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _save(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)

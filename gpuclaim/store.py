@@ -734,11 +734,19 @@ class ClaimStore:
 
     def notify_state(self) -> dict[str, Any]:
         """What Slack delivery last ran into (for doctor)."""
+        return self.read_notify("state.json")
+
+    def read_notify(self, name: str) -> dict[str, Any]:
+        """One of Slack delivery's small state files (cursors, state.json); {} if none."""
         try:
-            data = json.loads(self._p("notify", "state.json").read_text("utf-8"))
+            data = json.loads(self._p("notify", _safe(name)).read_text("utf-8"))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
+
+    def write_notify(self, name: str, data: dict[str, Any]) -> None:
+        """Replace one of those files whole, group-shared like every file of the store."""
+        self._publish(self._stage(_encode(data), sync=False), self._p("notify", _safe(name)))
 
     def mark_notices(self, scope: str, keys: list[str]) -> list[str]:
         """Remember which conditions of ``scope`` hold now; return those that are new (each
