@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.durations import format_duration, format_slurm_time
-from gpuclaim.errors import UsageError
+from gpuclaim.errors import ConfigError, GpuclaimError, UsageError
 
 if TYPE_CHECKING:
     from gpuclaim.cluster import NodeProber
-    from gpuclaim.config import Config
+    from gpuclaim.config import Config, NodeConfig
     from gpuclaim.model import Job, NodeInventory
 
 # -- GPU type names --------------------------------------------------------------------------
@@ -93,21 +93,31 @@ class GpuSlot:
 class NodeSpec:
     """One node as slurm.conf describes it; topology is None where it does not multiply out."""
 
-    name: str  # gpuclaim's name for it
-    hostname: str  # what it calls itself: slurmd finds its NodeName by it
+    name: str  # gpuclaim's name for it (its SSH alias)
+    hostname: str  # what it reports as `hostname -s`: its NodeName, by which slurmd finds it
     cpus: int
     sockets: Optional[int] = None
     cores_per_socket: Optional[int] = None
     threads_per_core: Optional[int] = None
     real_memory_mib: Optional[int] = None
     gpus: tuple[GpuSlot, ...] = ()
+    address: Optional[str] = None  # where gpuclaim reaches it over SSH; None: this machine
 
     @property
     def slurm_name(self) -> str:
-        """The NodeName: gpuclaim's name, unless SLURM cannot use it (``localhost``, ``@``)."""
-        if self.name in ("localhost", "127.0.0.1") or not _NODE_NAME.match(self.name):
-            return self.hostname
-        return self.name
+        """The NodeName: the node's own short hostname. slurmd looks its line up by that
+        (``hostname -s``), whatever gpuclaim calls the node."""
+        return self.hostname
+
+    @property
+    def node_addr(self) -> Optional[str]:
+        """NodeAddr, where the hostname alone may not lead to the node: the address gpuclaim
+        reaches it at, unless that is the hostname itself or a loopback address (which on
+        every other machine means that machine)."""
+        addr = self.address
+        if not addr or addr.lower() == self.hostname.lower() or _is_loopback(addr):
+            return None
+        return addr
 
     def gpus_by_type(self) -> dict[str, list[GpuSlot]]:
         by_type: dict[str, list[GpuSlot]] = {}
@@ -117,9 +127,48 @@ class NodeSpec:
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_NODE_ADDR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")  # a name, an IPv4 or IPv6 address
 
 
-def node_spec(name: str, hardware: dict[str, Any], inventory: NodeInventory) -> NodeSpec:
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    if addr.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def check_nodes(nodes: Sequence[NodeSpec]) -> None:
+    """Every node needs a hostname of its own that SLURM can use as a NodeName: slurmd finds
+    its line by it. ConfigError naming the nodes otherwise (nothing is written)."""
+    for n in nodes:
+        if not _NODE_NAME.match(n.hostname) or _is_loopback(n.hostname):
+            raise ConfigError(
+                f"{n.name} reports the hostname {n.hostname!r}, which cannot be its SLURM "
+                "NodeName: give the machine a hostname of its own (hostnamectl set-hostname)"
+            )
+    by_host: dict[str, list[str]] = {}
+    for n in nodes:
+        by_host.setdefault(n.hostname.lower(), []).append(n.name)
+    same = [(host, names) for host, names in by_host.items() if len(names) > 1]
+    if same:
+        what = "; ".join(f"{_and(names)} report the same hostname, {host}" for host, names in same)
+        raise ConfigError(
+            f"{what}: SLURM finds each node by its own hostname (one machine listed under "
+            "two names in the config? machines cloned without a new hostname?)"
+        )
+
+
+def _and(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+
+
+def node_spec(
+    name: str, hardware: dict[str, Any], inventory: NodeInventory, address: Optional[str] = None
+) -> NodeSpec:
     """Join a node's ``hardware`` answer (see gpuclaim.hardware) with its GPU probe."""
     from gpuclaim.hardware import normalize_bus_id
 
@@ -133,14 +182,30 @@ def node_spec(name: str, hardware: dict[str, Any], inventory: NodeInventory) -> 
         slots.append(GpuSlot(g.index, g.name, minor, bool(g.mig_mode), g.uuid))
     return NodeSpec(
         name=name,
-        hostname=str(hardware.get("hostname") or name),
+        hostname=str(hardware.get("hostname") or ""),
         cpus=int(hardware["cpus"]),
         sockets=hardware.get("sockets"),
         cores_per_socket=hardware.get("cores_per_socket"),
         threads_per_core=hardware.get("threads_per_core"),
         real_memory_mib=hardware.get("real_memory_mib"),
         gpus=tuple(slots),
+        address=address,
     )
+
+
+def ssh_address(config: Config, node: NodeConfig) -> Optional[str]:
+    """The address gpuclaim reaches ``node`` at: the HostName its SSH config gives the alias
+    (the alias itself without one); None for a node on this machine."""
+    if node.transport == "local":
+        return None
+    host = node.host.rsplit("@", 1)[-1]
+    from gpuclaim.remote.ssh import load_ssh_config
+
+    try:
+        found = load_ssh_config(config.ssh_config_path).lookup(host).get("hostname")
+    except GpuclaimError:  # an unreadable ssh config: the node did not answer either
+        return host
+    return str(found or host)
 
 
 def gather_inventory(config: Config, prober: NodeProber) -> tuple[list[NodeSpec], dict[str, str]]:
@@ -168,20 +233,32 @@ def gather_inventory(config: Config, prober: NodeProber) -> tuple[list[NodeSpec]
         elif not hw.ok or hw.value is None:
             skipped[name] = hw.error or "no hardware answer"
         else:
-            specs.append(node_spec(name, hw.value, inv))
+            specs.append(node_spec(name, hw.value, inv, ssh_address(config, by_name[name])))
     return specs, skipped
 
 
 # -- slurm.conf, gres.conf, cgroup.conf --------------------------------------------------------
 
 
+ACCOUNTING = ("file", "slurmdbd")
+# Where Debian's packages keep SLURM's state and logs: they create these, owned by slurm.
+STATE_DIR = "/var/lib/slurm/slurmctld"
+SPOOL_DIR = "/var/lib/slurm/slurmd"
+LOG_DIR = "/var/log/slurm"
+JOBCOMP_LOG = f"{LOG_DIR}/jobcomp.log"
+DB_PASSWORD_PLACEHOLDER = "REPLACE_WITH_THE_DATABASE_PASSWORD"
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     cluster: str
-    controller: Optional[str] = None  # SlurmctldHost; default: the first node
+    controller: Optional[str] = None  # SlurmctldHost (and slurmdbd's); default: the first node
     default_time_s: float = 4 * 3600
     max_time_s: float = 7 * 86400
     skipped: tuple[tuple[str, str], ...] = ()  # (node, why) that could not be asked
+    # "file": no database, each finished job a line in a job-completion log (sacct -c);
+    # "slurmdbd": full accounting and fair share, with slurmdbd.conf and a MariaDB.
+    accounting: str = "file"
 
 
 @dataclass(frozen=True)
@@ -241,30 +318,32 @@ def partition_for(nodes: Sequence[NodeSpec], node: Optional[str], gpu_type: str)
 
 
 def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
-    """slurm.conf for these nodes: cons_tres, backfill, fair share over GPU use, cgroups."""
+    """slurm.conf for these nodes: cons_tres, backfill, cgroups, and accounting as
+    ``opts.accounting`` says (without a database, it starts on a fresh install as written)."""
     if not nodes:
         raise UsageError("no node answered: nothing to write a slurm.conf for")
-    types = sorted({t for n in nodes for t in n.gpus_by_type() if t})
-    controller = opts.controller or _node_host(nodes, nodes[0])
-    tres = ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in types)])
+    check_nodes(nodes)
+    dbd = _accounting(opts) == "slurmdbd"
+    host, addr = _controller(nodes, opts)
     out = [
         f"# slurm.conf for the {_comment(opts.cluster)} cluster, from what its nodes reported",
         "# to `gpuclaim export slurm`. The same file goes to /etc/slurm/ on every node and on",
         "# the controller, with gres.conf and cgroup.conf; MIGRATION.md says how.",
         f"ClusterName={cluster_name(opts.cluster)}",
-        f"SlurmctldHost={_conf_word(controller)}",
+        f"SlurmctldHost={host}" + (f"({addr})" if addr else ""),
         "SlurmUser=slurm",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         "MpiDefault=none",
         "# A node that rebooted comes back into service by itself.",
         "ReturnToService=2",
-        "StateSaveLocation=/var/spool/slurmctld",
-        "SlurmdSpoolDir=/var/spool/slurmd",
+        "# Where Debian's packages keep state and logs (they create these directories).",
+        f"StateSaveLocation={STATE_DIR}",
+        f"SlurmdSpoolDir={SPOOL_DIR}",
         "SlurmctldPidFile=/run/slurmctld.pid",
         "SlurmdPidFile=/run/slurmd.pid",
-        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        f"SlurmctldLogFile={LOG_DIR}/slurmctld.log",
+        f"SlurmdLogFile={LOG_DIR}/slurmd.log",
         "",
         "# Isolation: cgroups hold each job to its CPUs, memory and GPUs (see cgroup.conf).",
         "ProctrackType=proctrack/cgroup",
@@ -279,25 +358,16 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         "# Refuse at submit time what exceeds a partition's limits (as gpuclaim does).",
         "EnforcePartLimits=ALL",
         "",
-        "# Priority: fair share of GPU time, usage forgotten with a half-life of a week,",
-        "# plus a little for time spent waiting.",
-        "PriorityType=priority/multifactor",
-        "PriorityDecayHalfLife=7-0",
-        "PriorityUsageResetPeriod=NONE",
-        "PriorityMaxAge=7-0",
-        "PriorityWeightFairshare=10000",
-        "PriorityWeightAge=1000",
-        "",
-        "# Accounting (sacct, sreport, fair share) through slurmdbd; GPU time per type.",
-        "AccountingStorageType=accounting_storage/slurmdbd",
-        f"AccountingStorageHost={_conf_word(controller)}",
-        f"AccountingStorageTRES={tres}",
+    ]
+    out += _accounting_lines(nodes, host, addr) if dbd else _jobcomp_lines()
+    out += [
         "",
         "# Nodes, as they reported themselves (`slurmd -C` on a node prints the same; RealMemory",
         "# stays a little under the total, so a node is not refused for a few missing MiB).",
+        "# Each is named by its hostname: slurmd finds its line by `hostname -s`.",
     ]
-    out.extend(_hostname_notes(nodes))
-    for names, line in _compress([(n.slurm_name, _node_line(nodes, n)) for n in nodes]):
+    out.extend(_node_notes(nodes))
+    for names, line in _compress([(n.slurm_name, _node_line(n)) for n in nodes]):
         out.append(f"NodeName={names} {line}")
     for name, why in opts.skipped:
         out.append(f"# {_comment(name)} is not here: it did not answer ({_comment(why)}).")
@@ -321,14 +391,104 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
                 words.append(f"DefCpuPerGPU={p.cpus_per_gpu}")
             if p.mem_per_gpu_mib:
                 words.append(f"DefMemPerGPU={p.mem_per_gpu_mib}")
-            words.append('TRESBillingWeights="GRES/gpu=1.0"')
+            if dbd:  # GPU billing needs the gres/gpu TRES, which needs slurmdbd
+                words.append('TRESBillingWeights="GRES/gpu=1.0"')
         words.append("State=UP")
         out.append(" ".join(words))
     return "\n".join(out) + "\n"
 
 
+def _jobcomp_lines() -> list[str]:
+    # Measured on Slurm 22.05: without slurmdbd, PriorityWeightFairshare and PriorityWeightAge
+    # are ignored ("can only be used with SlurmDBD"), a gres/gpu TRES is fatal ("slurmdbd is
+    # required to run with TRES gres/gpu"), and with it GPU billing weights cannot parse.
+    return [
+        "# Priority: first come, first served; backfill starts smaller jobs in the gaps (fair",
+        "# share needs slurmdbd, see below).",
+        "PriorityType=priority/basic",
+        "",
+        "# Accounting without a database: each finished job is one line in JobCompLoc, which",
+        "# `sacct -c` reads (user, name, partition, nodes, state, times), and `sstat` shows a",
+        "# running job's CPU and memory use. slurmctld logs \"Job accounting information",
+        '# gathered, but not stored" about this: expected. Plain sacct, sreport and fair share',
+        "# need slurmdbd (`gpuclaim export slurm --accounting slurmdbd`).",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={JOBCOMP_LOG}",
+    ]
+
+
+def _accounting_lines(nodes: Sequence[NodeSpec], host: str, addr: Optional[str]) -> list[str]:
+    types = sorted({t for n in nodes for t in n.gpus_by_type() if t})
+    tres = ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in types)])
+    return [
+        "# Priority: fair share of GPU time, usage forgotten with a half-life of a week,",
+        "# plus a little for time spent waiting.",
+        "PriorityType=priority/multifactor",
+        "PriorityDecayHalfLife=7-0",
+        "PriorityUsageResetPeriod=NONE",
+        "PriorityMaxAge=7-0",
+        "PriorityWeightFairshare=10000",
+        "PriorityWeightAge=1000",
+        "",
+        f"# Accounting (sacct, sreport, fair share) through slurmdbd on {host} (see",
+        "# slurmdbd.conf; slurmctld does not start without it); GPU time per type.",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={addr or host}",
+        f"AccountingStorageTRES={tres}",
+    ]
+
+
+def render_slurmdbd_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
+    """slurmdbd.conf for ``--accounting slurmdbd``: slurmdbd beside slurmctld, its records in
+    a MariaDB on the same machine. The password is a placeholder for the administrator."""
+    if not nodes:
+        raise UsageError("no node answered: nothing to write a slurmdbd.conf for")
+    check_nodes(nodes)
+    host, _ = _controller(nodes, opts)
+    lines = [
+        f"# slurmdbd.conf for the {_comment(opts.cluster)} cluster: the accounting daemon,",
+        f"# on {host} beside slurmctld. Only there, and only slurm may read it (slurmdbd",
+        "# refuses to start otherwise):",
+        "#   install -o slurm -g slurm -m 0600 slurmdbd.conf /etc/slurm/",
+        "AuthType=auth/munge",
+        f"DbdHost={host}",
+        "SlurmUser=slurm",
+        "DebugLevel=info",
+        f"LogFile={LOG_DIR}/slurmdbd.log",
+        "PidFile=/run/slurmdbd.pid",
+        "",
+        "# The records live in a MariaDB on this machine; MIGRATION.md says how to create",
+        "# its user. Put that user's password here, in place of the placeholder (no '#').",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=localhost",
+        "StorageUser=slurm",
+        "StorageLoc=slurm_acct_db",
+        f"StoragePass={DB_PASSWORD_PLACEHOLDER}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _accounting(opts: ExportOptions) -> str:
+    if opts.accounting not in ACCOUNTING:
+        raise UsageError(f"no accounting {opts.accounting!r}: one of {', '.join(ACCOUNTING)}")
+    return opts.accounting
+
+
+def _controller(nodes: Sequence[NodeSpec], opts: ExportOptions) -> tuple[str, Optional[str]]:
+    """SlurmctldHost's hostname and, where it needs one, its address: a node named by
+    gpuclaim's name or its hostname, or another machine given by name."""
+    if opts.controller is None:
+        return nodes[0].slurm_name, nodes[0].node_addr
+    for n in nodes:
+        if opts.controller in (n.name, n.hostname):
+            return n.slurm_name, n.node_addr
+    return _conf_word(opts.controller), None
+
+
 def render_gres_conf(nodes: Sequence[NodeSpec]) -> str:
     """gres.conf: AutoDetect=nvml checks the GPUs; the File= lines work without NVML too."""
+    check_nodes(nodes)
     out = [
         "# gres.conf: the GPUs of each node. With AutoDetect=nvml, slurmd checks these lines",
         "# against what NVML finds (types match as substrings of the product name); the explicit",
@@ -368,7 +528,7 @@ def render_cgroup_conf() -> str:
     )
 
 
-def _node_line(nodes: Sequence[NodeSpec], n: NodeSpec) -> str:
+def _node_line(n: NodeSpec) -> str:
     parts = [f"CPUs={n.cpus}"]
     if n.sockets and n.cores_per_socket and n.threads_per_core:
         parts += [
@@ -381,29 +541,29 @@ def _node_line(nodes: Sequence[NodeSpec], n: NodeSpec) -> str:
     gres = [f"gpu:{t}:{len(s)}" if t else f"gpu:{len(s)}" for t, s in n.gpus_by_type().items()]
     if gres:
         parts.append("Gres=" + ",".join(gres))
-    host = _node_host(nodes, n)
-    if host != n.slurm_name:
-        parts.append(f"NodeHostname={host}")
+    if n.node_addr:
+        if not _NODE_ADDR.match(n.node_addr):
+            raise ConfigError(f"{n.name}'s address {n.node_addr!r} cannot be used in slurm.conf")
+        parts.append(f"NodeAddr={n.node_addr}")
     parts.append("State=UNKNOWN")
     return " ".join(parts)
 
 
-def _node_host(nodes: Sequence[NodeSpec], n: NodeSpec) -> str:
-    """The host slurmd runs on: its own hostname, unless two nodes claim the same one."""
-    if sum(1 for m in nodes if m.hostname == n.hostname) > 1 or not _NODE_NAME.match(n.hostname):
-        return n.slurm_name
-    return n.hostname
-
-
-def _hostname_notes(nodes: Sequence[NodeSpec]) -> list[str]:
+def _node_notes(nodes: Sequence[NodeSpec]) -> list[str]:
+    """Comments for the administrator: gpuclaim's names for the nodes, and the addresses
+    that could not become a NodeAddr."""
     notes = []
-    for host in sorted({n.hostname for n in nodes}):
-        same = [n.slurm_name for n in nodes if n.hostname == host]
-        if len(same) > 1:
-            notes.append(
-                f"# {', '.join(same)} all call themselves {_comment(host)}: one machine under"
-                " several names? Keep one NodeName for it."
-            )
+    renamed = [f"{n.name} is {n.slurm_name}" for n in nodes if n.name != n.slurm_name]
+    if renamed:
+        notes.append(f"# gpuclaim's names: {_comment(', '.join(renamed))}.")
+    local = [n for n in nodes if n.address and n.node_addr is None and _is_loopback(n.address)]
+    if local:
+        where = ", ".join(f"{n.slurm_name} at {n.address}" for n in local)
+        notes += [
+            f"# gpuclaim reaches {_comment(where)}, a loopback address: to any other machine",
+            "# that means itself, so no NodeAddr. SLURM looks these nodes up by name; add",
+            "# NodeAddr= where a name does not resolve.",
+        ]
     return notes
 
 
@@ -484,15 +644,29 @@ def _comment(text: str) -> str:
 # -- MIGRATION.md -----------------------------------------------------------------------------
 
 
+HISTORY = {
+    "file": "sacct -c -S now-7days -o JobID,User,JobName,Partition,NodeList,State,Elapsed",
+    "slurmdbd": "sacct -X -S now-7days -o JobID,User,AllocTRES%40",
+}
+
+
 def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
-    """A short guide from gpuclaim's commands to SLURM's, for people who never used SLURM."""
+    """A short guide from gpuclaim's commands to SLURM's, for people who never used SLURM,
+    and the administrator's steps, in an order where gpuclaim and SLURM never hand out the
+    same GPU: gpuclaim is drained and its jobs have ended before any slurmd starts."""
+    accounting = _accounting(opts)
+    check_nodes(nodes)
     gpu_parts = [p for p in plan_partitions(nodes) if p.gpu_type is not None]
-    first = gpu_parts[0] if gpu_parts else None
-    gres = f"gpu:{first.gpu_type}:1" if first and first.gpu_type else "gpu:1"
-    part = f" --partition={first.name}" if first else ""
-    controller = opts.controller or (_node_host(nodes, nodes[0]) if nodes else "CONTROLLER")
+    gres = _first_gres(nodes)
+    part = f" --partition={gpu_parts[0].name}" if gpu_parts else ""
+    controller = _controller(nodes, opts)[0] if nodes else "CONTROLLER"
     limits = f"default {format_duration(opts.default_time_s)}, at most"
     limits += f" {format_duration(opts.max_time_s)}; longer is refused"
+    history_note = (
+        "finished jobs, from the job-completion log"
+        if accounting == "file"
+        else "GPUs per job; `sreport` for totals"
+    )
     mapping = (
         (
             "`gpuclaim claim -n 1 --time 2h`",
@@ -521,7 +695,7 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
             "output goes where `--output` says",
         ),
         ("`gpuclaim kill NAME`", "`scancel JOBID`", ""),
-        ("`gpuclaim history`", "`sacct`", "`sacct -X -S now-7days -o JobID,User,AllocTRES%40`"),
+        ("`gpuclaim history`", f"`{HISTORY[accounting]}`", history_note),
         ("`--time 8h`", "`--time=8:00:00`", limits),
         ("`run --queue`, `--wait`", "every job queues", "`squeue --start` says when yours starts"),
     )
@@ -531,12 +705,20 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         + (" yes |" if p.default else " |")
         for p in gpu_parts
     )
+    renamed = [f"{n.name} is `{n.slurm_name}`" for n in nodes if n.name != n.slurm_name]
+    names = (
+        f"\nSLURM calls each node by its hostname: {_comment(', '.join(renamed))}.\n"
+        if renamed
+        else ""
+    )
+    steps = "\n".join(
+        _wrap_step(i, text) for i, text in enumerate(_admin_steps(nodes, opts, controller), 1)
+    )
     return f"""# Moving {_comment(opts.cluster)} from gpuclaim to SLURM
 
 SLURM does what gpuclaim did by agreement, and enforces it: you ask for GPUs, your job waits
 in a queue until they are free, runs on them alone (other GPUs are invisible to it), and is
-stopped at its time limit. Who goes first is decided by fair share: whoever used fewer
-GPU-hours lately.
+stopped at its time limit. {_priority_sentence(accounting)}
 
 ## What you type now
 
@@ -554,7 +736,7 @@ SLURM sets CUDA_VISIBLE_DEVICES to your job's GPUs, as gpuclaim did: do not set 
 
 Ask for a model with `--gres=gpu:TYPE:N` (e.g. `--gres={gres}`), or for any GPU of the
 partition with `--gres=gpu:N`.
-
+{names}
 ## Your jobs as sbatch scripts
 
     gpuclaim export sbatch NAME > NAME.sbatch         # one job you ran
@@ -566,24 +748,90 @@ limit. Its output goes to `logs/JOBID.out` in the job's directory: create `logs/
 
 ## For the administrator: switching over
 
-1. On the controller ({controller}): `apt-get install slurmctld slurmdbd munge mariadb-server`;
-   on each GPU node: `apt-get install slurmd munge`; where people log in: `slurm-client`.
-2. Copy one `/etc/munge/munge.key` to every machine (owner munge, mode 0400) and restart
-   munge everywhere: `munge -n | ssh NODE unmunge` must say Success.
-3. Copy slurm.conf, gres.conf and cgroup.conf to `/etc/slurm/` on every machine.
-4. Set up slurmdbd (`/etc/slurm/slurmdbd.conf` and a MariaDB user, see
-   https://slurm.schedmd.com/accounting.html) and start it, then run
-   `sacctmgr add cluster {cluster_name(opts.cluster)}`, `sacctmgr add account lab` and
-   `sacctmgr add user NAME account=lab` for each person: fair share counts per user.
-5. Start `slurmctld` on the controller (not before slurmdbd answers: the first time, it
-   stops without it) and `slurmd` on each node. `sinfo` shows every node `idle`; one that
-   is `inval` or `drain` says why in `sinfo -R`.
-6. `gpuclaim drain NODE` for each node, and let the jobs still running finish.
+gpuclaim stops handing out GPUs first, and no slurmd starts before its last job has ended:
+the two never give out the same GPU.
+
+{steps}
 
 If `slurmd -C` on a node prints fewer CPUs or less memory than slurm.conf says, lower the
 numbers in slurm.conf: SLURM refuses a node smaller than its configuration. AutoDetect=nvml
 needs a slurmd built with NVML (Debian 12's is not: it says so and uses the File= lines).
 """
+
+
+def _priority_sentence(accounting: str) -> str:
+    if accounting == "slurmdbd":
+        return "Who goes first is decided by fair share: whoever used fewer\nGPU-hours lately."
+    return (
+        "Jobs start in the order they were submitted, and a smaller job\nstarts early where "
+        "it fits in a gap (backfill)."
+    )
+
+
+def _admin_steps(nodes: Sequence[NodeSpec], opts: ExportOptions, controller: str) -> list[str]:
+    dbd = opts.accounting == "slurmdbd"
+    cluster = cluster_name(opts.cluster)
+    server_pkgs = "slurmctld slurmdbd munge mariadb-server" if dbd else "slurmctld munge"
+    steps = [
+        "Stop new work in gpuclaim: `gpuclaim drain NODE --reason 'moving to SLURM'` for each"
+        " node. Claims and jobs already running carry on to their end (at most"
+        f" {format_duration(opts.max_time_s)}); do the next steps meanwhile.",
+        f"On the controller ({controller}): `apt-get install {server_pkgs}`; on each GPU node:"
+        " `apt-get install slurmd munge`, then `systemctl disable slurmd` (Debian enables it,"
+        " and a node that reboots once slurm.conf is there would start it); where people log"
+        " in: `slurm-client`.",
+        "Copy one `/etc/munge/munge.key` to every machine (owner munge, mode 0400) and restart"
+        " munge everywhere: `munge -n | ssh NODE unmunge` must say Success.",
+        "Copy slurm.conf, gres.conf and cgroup.conf to `/etc/slurm/` on every machine.",
+    ]
+    if dbd:
+        steps += [
+            f"On {controller}, the database: choose a password (no `#`), then"
+            " `mysql -e \"CREATE USER 'slurm'@'localhost' IDENTIFIED BY 'PASSWORD';"
+            " GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';\"` with it, put it in"
+            f" slurmdbd.conf in place of {DB_PASSWORD_PLACEHOLDER}, and"
+            " `install -o slurm -g slurm -m 0600 slurmdbd.conf /etc/slurm/` (slurmdbd refuses a"
+            " file that others can read or that slurm does not own). `systemctl start slurmdbd`;"
+            " `sacctmgr show cluster` answers once it is up.",
+            f"`sacctmgr add cluster {cluster}`, `sacctmgr add account lab` and"
+            " `sacctmgr add user NAME account=lab` for each person: fair share counts per user.",
+        ]
+    steps += [
+        "Wait until gpuclaim is empty: `gpuclaim status` shows no claimed GPU and"
+        " `gpuclaim jobs` no running job (ask the owners of what is left to release it).",
+        "Only now start SLURM: `systemctl start slurmctld` on the controller"
+        + (" (not before slurmdbd answers: the first time, it stops without it)" if dbd else "")
+        + ", then `systemctl enable --now slurmd` on each node. `sinfo` shows every node"
+        " `idle`; one that is `inval` or `drain` says why in `sinfo -R`.",
+        f"A first job: `srun --gres={_first_gres(nodes)} nvidia-smi -L` prints the GPU SLURM"
+        " gave it. Tell everyone to use SLURM from now on (the table above).",
+    ]
+    return steps
+
+
+def _first_gres(nodes: Sequence[NodeSpec]) -> str:
+    gpu_parts = [p for p in plan_partitions(nodes) if p.gpu_type is not None]
+    first = gpu_parts[0] if gpu_parts else None
+    return f"gpu:{first.gpu_type}:1" if first and first.gpu_type else "gpu:1"
+
+
+def _wrap_step(number: int, text: str, width: int = 92) -> str:
+    """``N. text``, wrapped with its continuation lines indented under the text; a `code`
+    span stays on one line, so that what is pasted into a shell is the whole command."""
+    import textwrap
+
+    glue = "\x00"
+    spans = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", glue), text)
+    prefix = f"{number}. "
+    wrapped = textwrap.fill(
+        spans,
+        width=width,
+        initial_indent=prefix,
+        subsequent_indent=" " * len(prefix),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return wrapped.replace(glue, " ")
 
 
 # -- sbatch scripts ---------------------------------------------------------------------------

@@ -10,21 +10,26 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gpuclaim.errors import ConfigError, UsageError
 from gpuclaim.hardware import normalize_bus_id, parse_cpu_list, probe_hardware, real_memory
 from gpuclaim.model import Job, JobRank
 from gpuclaim.probe.smi_parse import parse_list_gpus, parse_query_gpu, parse_query_xml
 from gpuclaim.slurm_export import (
+    DB_PASSWORD_PLACEHOLDER,
+    HISTORY,
     ExportOptions,
     GpuSlot,
     NodeSpec,
     _hostlist,
     autodetect_type,
+    check_nodes,
     job_gpu_type,
     jobs_since,
     partition_for,
@@ -35,9 +40,11 @@ from gpuclaim.slurm_export import (
     render_migration_md,
     render_sbatch,
     render_slurm_conf,
+    render_slurmdbd_conf,
     sbatch_quote,
     slurm_advice,
     slurm_type_name,
+    ssh_address,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -158,12 +165,12 @@ def test_autodetect_type_is_slurms_rule():
 # -- renderers, pinned by golden files -----------------------------------------------------------
 
 
-def _node(name, gpus, cpus=224, host=None, mem=2_000_000, topo=(2, 56, 2), minors=None):
+def _node(name, gpus, cpus=224, host=None, mem=2_000_000, topo=(2, 56, 2), minors=None, addr=None):
     slots = tuple(
         GpuSlot(i, g, (minors or list(range(len(gpus))))[i], uuid=f"GPU-{name}-{i}")
         for i, g in enumerate(gpus)
     )
-    return NodeSpec(name, host or name, cpus, *topo, mem, slots)
+    return NodeSpec(name, host or name, cpus, *topo, mem, slots, addr)
 
 
 def golden_inventory() -> list[NodeSpec]:
@@ -172,6 +179,7 @@ def golden_inventory() -> list[NodeSpec]:
         _node("node02", [H100] * 8),
         _node("node03", [H100] * 8, mem=2_001_000),  # slightly different RAM: own line
         # mixed node, device minors not in index order (as in fixture 09)
+        # an SSH alias that is not the hostname, reached at another name
         _node(
             "ws1",
             ["NVIDIA L40S", "NVIDIA L40S", "NVIDIA RTX A5000"],
@@ -180,6 +188,7 @@ def golden_inventory() -> list[NodeSpec]:
             mem=515_072,
             topo=(1, 32, 2),
             minors=[1, 0, 2],
+            addr="ws1.lab.example.org",
         ),
         _node("localhost", ["Graphics Device"], 16, host="benchbox", mem=60_000, topo=(None,) * 3),
         _node("cpu01", [], 32, mem=128_000, topo=(2, 8, 2)),
@@ -253,29 +262,88 @@ def test_slurm_conf_compresses_identical_nodes_and_splits_partitions_by_type():
     assert node_lines[0].startswith("NodeName=node[01-02] CPUs=224 Sockets=2 CoresPerSocket=56")
     assert "Gres=gpu:h100:8" in node_lines[0]
     assert node_lines[1].startswith("NodeName=node03 ")
-    ws = next(line for line in node_lines if line.startswith("NodeName=ws1 "))
-    assert "Gres=gpu:l40s:2,gpu:rtx_a5000:1" in ws and "NodeHostname=gpu-ws-1" in ws
-    # "localhost" is no name for SLURM: the node's own hostname is used, topology left out
+    # named by its hostname, reached where gpuclaim reaches it
+    ws = next(line for line in node_lines if line.startswith("NodeName=gpu-ws-1 "))
+    assert "Gres=gpu:l40s:2,gpu:rtx_a5000:1" in ws and "NodeAddr=ws1.lab.example.org" in ws
+    assert "NodeHostname" not in conf
+    # "localhost" is gpuclaim's name for this machine; SLURM gets its hostname
     bench = next(line for line in node_lines if line.startswith("NodeName=benchbox "))
     assert "Sockets" not in bench and "Gres=gpu:graphics_device:1" in bench
+    assert "# gpuclaim's names: ws1 is gpu-ws-1, localhost is benchbox." in conf
     parts = {p.name: p for p in plan_partitions(golden_inventory())}
     assert set(parts) == {"h100", "l40s", "rtx_a5000", "graphics_device", "cpu"}
     assert parts["h100"].default and parts["h100"].nodes == ("node01", "node02", "node03")
+    assert parts["rtx_a5000"].nodes == ("gpu-ws-1",)
     assert parts["h100"].cpus_per_gpu == 28 and parts["rtx_a5000"].cpus_per_gpu == 21
     assert "# node04 is not here: it did not answer (ssh: timed out)." in conf
     for key in (
         "GresTypes=gpu",
         "SelectType=select/cons_tres",
         "SchedulerType=sched/backfill",
-        "PriorityType=priority/multifactor",
-        "PriorityDecayHalfLife=7-0",
-        "AccountingStorageTRES=gres/gpu,gres/gpu:graphics_device,gres/gpu:h100,",
+        "StateSaveLocation=/var/lib/slurm/slurmctld",  # Debian's packages make these
+        "SlurmdSpoolDir=/var/lib/slurm/slurmd",
     ):
         assert key in conf
     gres = render_gres_conf(golden_inventory())
     assert "NodeName=node[01-03] Name=gpu Type=h100 File=/dev/nvidia[0-7]" in gres
-    assert "NodeName=ws1 Name=gpu Type=l40s File=/dev/nvidia[0-1]" in gres
-    assert "NodeName=ws1 Name=gpu Type=rtx_a5000 File=/dev/nvidia2" in gres
+    assert "NodeName=gpu-ws-1 Name=gpu Type=l40s File=/dev/nvidia[0-1]" in gres
+    assert "NodeName=gpu-ws-1 Name=gpu Type=rtx_a5000 File=/dev/nvidia2" in gres
+
+
+def _settings(text: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1)
+        for line in text.splitlines()
+        if "=" in line and not line.startswith(("#", "NodeName=", "PartitionName="))
+    )
+
+
+def test_default_accounting_needs_no_database():
+    """What slurmctld 22.05 refuses or ignores without slurmdbd is not there (each measured:
+    see test_slurm_real's BROKEN); a job-completion log keeps a record of every job."""
+    conf = render_slurm_conf(golden_inventory(), GOLDEN_OPTS)
+    settings = _settings(conf)
+    assert settings["AccountingStorageType"] == "accounting_storage/none"
+    assert settings["JobCompType"] == "jobcomp/filetxt"
+    assert settings["JobCompLoc"] == "/var/log/slurm/jobcomp.log"
+    assert settings["JobAcctGatherType"] == "jobacct_gather/cgroup"  # sstat
+    assert settings["PriorityType"] == "priority/basic"
+    for absent in ("AccountingStorageTRES", "AccountingStorageHost", "PriorityWeight"):
+        assert f"\n{absent}" not in conf
+    assert "TRESBillingWeights" not in conf
+    assert HISTORY["file"].startswith("sacct -c ")  # job-completion data, not accounting
+
+
+def test_slurmdbd_accounting_and_its_slurmdbd_conf_agree():
+    opts = ExportOptions("Lab", accounting="slurmdbd", controller="ws1")
+    conf = _settings(render_slurm_conf(golden_inventory(), opts))
+    dbd_text = render_slurmdbd_conf(golden_inventory(), opts)
+    dbd = _settings(dbd_text)
+    assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    # slurmctld finds slurmdbd where slurmdbd runs, as the same user, on the same port
+    assert conf["SlurmctldHost"] == "gpu-ws-1(ws1.lab.example.org)"
+    assert dbd["DbdHost"] == "gpu-ws-1"  # `hostname -s` of its machine
+    assert conf["AccountingStorageHost"] == "ws1.lab.example.org"
+    assert conf["SlurmUser"] == dbd["SlurmUser"] == "slurm"
+    assert conf["AuthType"] == dbd["AuthType"] == "auth/munge"
+    assert "AccountingStoragePort" not in conf and "DbdPort" not in dbd  # both 6819
+    assert conf["AccountingStorageTRES"].startswith("gres/gpu,gres/gpu:graphics_device,")
+    assert conf["PriorityType"] == "priority/multifactor"
+    assert conf["PriorityWeightFairshare"] == "10000"
+    assert "JobCompType" not in conf
+    text = render_slurm_conf(golden_inventory(), opts)
+    assert text.count('TRESBillingWeights="GRES/gpu=1.0"') == 4  # every GPU partition
+    # a placeholder, never a password; the file says who may read it
+    assert dbd["StorageType"] == "accounting_storage/mysql"
+    assert dbd["StoragePass"] == DB_PASSWORD_PLACEHOLDER == "REPLACE_WITH_THE_DATABASE_PASSWORD"
+    assert "install -o slurm -g slurm -m 0600 slurmdbd.conf /etc/slurm/" in dbd_text
+    assert dbd["LogFile"] == "/var/log/slurm/slurmdbd.log"
+    assert dbd["PidFile"] == "/run/slurmdbd.pid"
+
+
+def test_an_unknown_accounting_is_refused():
+    with pytest.raises(UsageError, match="no accounting 'sql'"):
+        render_slurm_conf(golden_inventory(), ExportOptions("t", accounting="sql"))
 
 
 def test_one_gpu_type_is_one_gpu_partition():
@@ -290,12 +358,79 @@ def test_one_gpu_type_is_one_gpu_partition():
     assert partition_for(nodes, "a2", "h100") == "gpu"
 
 
-def test_two_nodes_claiming_one_hostname_get_a_note_not_a_broken_config():
-    nodes = [_node("node01", [H100], host="vm"), _node("node02", [H100], host="vm")]
+def test_nodes_are_named_by_the_hostname_they_report_and_reached_where_ssh_reaches_them():
+    nodes = [
+        _node("node01", [H100], host="dgx1", addr="10.1.0.11"),  # ssh_config HostName
+        _node("node02", [H100], host="dgx2", addr="node02"),  # an alias DNS knows
+        _node("dgx3", [H100], addr="dgx3"),  # alias and hostname are one: nothing to add
+        _node("node04", [H100], host="dgx4", addr="127.0.0.1"),  # a tunnel
+        _node("localhost", [H100], host="dgx5"),  # this machine: no SSH address
+    ]
     conf = render_slurm_conf(nodes, ExportOptions("t"))
-    assert "NodeHostname" not in conf
-    assert "# node01, node02 all call themselves vm" in conf
-    assert "NodeName=node[01-02] " in conf
+    lines = {line.split()[0]: line for line in conf.splitlines() if line.startswith("NodeName=")}
+    assert "NodeAddr=10.1.0.11 " in lines["NodeName=dgx1"]
+    assert "NodeAddr=node02 " in lines["NodeName=dgx2"]
+    assert "NodeName=dgx[3-5]" in lines and "NodeAddr" not in lines["NodeName=dgx[3-5]"]
+    assert "# gpuclaim reaches dgx4 at 127.0.0.1, a loopback address" in conf
+    assert "SlurmctldHost=dgx1(10.1.0.11)" in conf  # the first node, at its address
+    assert partition_for(nodes, "node04", "h100") == "gpu"
+    assert plan_partitions(nodes)[0].nodes == ("dgx1", "dgx2", "dgx3", "dgx4", "dgx5")
+    assert "NodeName=dgx[1-5] Name=gpu Type=h100 File=/dev/nvidia0" in render_gres_conf(nodes)
+
+
+def test_two_nodes_reporting_one_hostname_are_refused_by_name():
+    nodes = [
+        _node("node01", [H100], host="vm"),
+        _node("node02", [H100], host="VM"),  # hostnames do not care about case
+        _node("node03", [H100], host="ws"),
+        _node("node04", [H100], host="ws"),
+        _node("node05", [H100]),
+    ]
+    with pytest.raises(ConfigError) as refused:
+        render_slurm_conf(nodes, ExportOptions("t"))
+    message = str(refused.value)
+    assert message.startswith(
+        "node01 and node02 report the same hostname, vm; node03 and node04 report the same "
+        "hostname, ws: SLURM finds each node by its own hostname"
+    )
+    assert "\n" not in message
+    for render in (render_gres_conf, render_migration_md):
+        with pytest.raises(ConfigError):
+            render(nodes, *([ExportOptions("t")] if render is render_migration_md else []))
+    check_nodes(nodes[::2])  # one of each is fine
+
+
+@pytest.mark.parametrize("hostname", ["", "localhost", "my host"])
+def test_a_hostname_slurm_cannot_use_is_refused(hostname):
+    with pytest.raises(ConfigError, match="node01 reports the hostname"):
+        check_nodes([NodeSpec("node01", hostname, 8)])
+
+
+def test_ssh_address_is_the_hostname_ssh_config_gives_the_alias(tmp_path, monkeypatch):
+    from gpuclaim.config import parse_config
+
+    monkeypatch.delenv("GPUCLAIM_SSH_CONFIG", raising=False)
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host gpu1\n    HostName 10.1.0.11\n    Port 2222\n"
+        "Host gpu*\n    User lab\nHost jumped\n    HostName dgx7.lab\n    ProxyJump gate\n"
+    )
+    config = parse_config(
+        {
+            "nodes": ["gpu1", "gpu2", "jumped", "other", "localhost"],
+            "storage": str(tmp_path / "store"),
+            "ssh_config": str(ssh_config),
+            "node": {"other": {"host": "bob@10.9.9.9"}},
+        }
+    )
+    got = {n.name: ssh_address(config, n) for n in config.nodes}
+    assert got == {
+        "gpu1": "10.1.0.11",
+        "gpu2": "gpu2",
+        "jumped": "dgx7.lab",
+        "other": "10.9.9.9",
+        "localhost": None,
+    }
 
 
 def test_hostlist():
@@ -311,6 +446,65 @@ def test_nothing_answered_is_an_error():
 
     with pytest.raises(UsageError):
         render_slurm_conf([], ExportOptions("t"))
+
+
+def _steps(migration: str) -> list[str]:
+    """The administrator's numbered steps, each joined into one line."""
+    section = migration.split("## For the administrator: switching over", 1)[1]
+    steps: list[str] = []
+    for line in section.splitlines():
+        m = re.match(r"^(\d+)\. (.*)", line)
+        if m:
+            assert int(m.group(1)) == len(steps) + 1, "steps numbered 1, 2, 3..."
+            steps.append(m.group(2))
+        elif steps and line.startswith("   ") and line.strip():
+            steps[-1] += " " + line.strip()
+        elif steps and not line.strip():
+            break
+    return steps
+
+
+def _step(steps: list[str], text: str) -> int:
+    found = [i for i, s in enumerate(steps) if text in s]
+    assert len(found) == 1, f"{text!r} in steps {found}"
+    return found[0]
+
+
+@pytest.mark.parametrize("accounting", ["file", "slurmdbd"])
+def test_migration_drains_gpuclaim_before_any_slurmd_starts(accounting):
+    opts = ExportOptions("Lab", accounting=accounting)
+    steps = _steps(render_migration_md(golden_inventory(), opts))
+    drain = _step(steps, "gpuclaim drain NODE")
+    empty = _step(steps, "`gpuclaim status` shows no claimed GPU")
+    start_ctld = _step(steps, "systemctl start slurmctld")
+    start_slurmd = _step(steps, "systemctl enable --now slurmd")
+    assert drain == 0  # first of all
+    assert drain < empty < start_ctld <= start_slurmd
+    # nothing before the start step can start slurmd, not even a node's reboot
+    assert "systemctl disable slurmd" in steps[_step(steps, "apt-get install slurmd munge")]
+    assert not any(re.search(r"start slurmd\b|slurmd -D", s) for s in steps[:start_slurmd])
+    if accounting == "slurmdbd":
+        dbd = _step(steps, "systemctl start slurmdbd")
+        assert dbd < start_ctld
+        assert DB_PASSWORD_PLACEHOLDER in steps[dbd] and "-m 0600 slurmdbd.conf" in steps[dbd]
+        assert "mariadb-server" in steps[_step(steps, "On the controller")]
+    else:
+        assert not any("slurmdbd" in s or "mariadb" in s or "sacctmgr" in s for s in steps)
+
+
+def test_migration_commands_are_never_split_across_lines():
+    text = render_migration_md(golden_inventory(), ExportOptions("Lab", accounting="slurmdbd"))
+    section = text.split("## For the administrator", 1)[1]
+    for line in section.splitlines():
+        assert line.count("`") % 2 == 0, line
+
+
+@pytest.mark.parametrize("accounting", ["file", "slurmdbd"])
+def test_migration_history_is_the_accounting_s_own(accounting):
+    text = render_migration_md(golden_inventory(), ExportOptions("Lab", accounting=accounting))
+    assert f"| `gpuclaim history` | `{HISTORY[accounting]}` |" in text
+    assert ("fair share" in text.split("## What you type now")[0]) == (accounting == "slurmdbd")
+    assert "SLURM calls each node by its hostname: ws1 is `gpu-ws-1`, localhost is" in text
 
 
 # -- sbatch scripts ------------------------------------------------------------------------------
@@ -550,7 +744,8 @@ def test_agent_answers_the_hardware_op():
 def test_cli_export_slurm_writes_the_four_files(make_cluster, tmp_path):
     from conftest import gpu
 
-    c = make_cluster({"node01": 2, "node02": [gpu("NVIDIA L40S", 46068)]})
+    host = probe_hardware()["hostname"]
+    c = make_cluster({"node01": [gpu(), gpu(), gpu("NVIDIA L40S", 46068)]})
     out = tmp_path / "slurm"
     proc = c.cli("export", "slurm", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -561,19 +756,70 @@ def test_cli_export_slurm_writes_the_four_files(make_cluster, tmp_path):
         "slurm.conf",
     ]
     conf = (out / "slurm.conf").read_text()
-    assert "Gres=gpu:h100:2" in conf and "Gres=gpu:l40s:1" in conf
-    assert "PartitionName=h100 Nodes=node01 Default=YES" in conf
+    # the node is named by the hostname it reported, not by gpuclaim's name for it
+    assert f"NodeName={host} " in conf and "Gres=gpu:h100:2,gpu:l40s:1" in conf
+    assert f"# gpuclaim's names: node01 is {host}." in conf
+    assert f"PartitionName=h100 Nodes={host} Default=YES" in conf
     assert "MaxTime=7-00:00:00" in conf and "partitions h100, l40s" in proc.stdout
+    assert "AccountingStorageType=accounting_storage/none" in conf
+    assert "JobCompType=jobcomp/filetxt" in conf
+
+
+def test_cli_export_slurm_with_slurmdbd_writes_a_private_slurmdbd_conf(make_cluster, tmp_path):
+    host = probe_hardware()["hostname"]
+    c = make_cluster({"node01": 2})
+    out = tmp_path / "slurm"
+    out.mkdir()
+    (out / "slurmdbd.conf").write_text("an older one\n")
+    (out / "slurmdbd.conf").chmod(0o644)
+    proc = c.cli("export", "slurm", "--accounting", "slurmdbd", "--controller", "node01")
+    assert proc.returncode == 2 and "--out" in proc.stderr  # --out is required
+    proc = c.cli(
+        "export", "slurm", "--accounting", "slurmdbd", "--controller", "node01", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "slurmdbd.conf" in proc.stdout and DB_PASSWORD_PLACEHOLDER in proc.stdout
+    dbd = out / "slurmdbd.conf"
+    assert dbd.stat().st_mode & 0o777 == 0o600  # it will hold the database password
+    assert f"DbdHost={host}\n" in dbd.read_text()
+    assert f"StoragePass={DB_PASSWORD_PLACEHOLDER}\n" in dbd.read_text()
+    conf = (out / "slurm.conf").read_text()
+    assert f"SlurmctldHost={host}\n" in conf and f"AccountingStorageHost={host}\n" in conf
+    assert "TRESBillingWeights" in conf
+    assert "systemctl start slurmdbd" in (out / "MIGRATION.md").read_text()
+
+
+def test_cli_export_slurm_refuses_an_unknown_accounting(make_cluster, tmp_path):
+    c = make_cluster({"node01": 1})
+    proc = c.cli("export", "slurm", "--accounting", "mysql", "--out", str(tmp_path / "s"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "mysql" in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_export_slurm_refuses_two_nodes_on_one_machine(make_cluster, tmp_path):
+    # both nodes are this machine: they report one hostname, and SLURM could not tell them apart
+    host = probe_hardware()["hostname"]
+    c = make_cluster({"node01": 1, "node02": 1})
+    proc = c.cli("export", "slurm", "--out", str(tmp_path / "s"))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"gpuclaim: error: node01 and node02 report the same hostname, {host}: SLURM finds each"
+        " node by its own hostname (one machine listed under two names in the config?"
+        " machines cloned without a new hostname?)"
+    ]
+    assert not (tmp_path / "s").exists()  # nothing written
 
 
 def test_cli_export_slurm_leaves_out_a_node_that_cannot_be_asked(make_cluster, tmp_path):
+    host = probe_hardware()["hostname"]
     c = make_cluster({"node01": 1, "node02": 1})
     text = c.config_path.read_text().replace("fake_nvidia_smi", "no_such_module", 1)
     c.config_path.write_text(text)  # node01's probe now fails
     proc = c.cli("export", "slurm", "--out", str(tmp_path / "s"))
     assert proc.returncode == 4, proc.stderr
     conf = (tmp_path / "s" / "slurm.conf").read_text()
-    assert "# node01 is not here" in conf and "NodeName=node02 " in conf
+    assert "# node01 is not here" in conf and f"NodeName={host} " in conf
     assert "node01 is not in slurm.conf" in proc.stderr
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -18,12 +20,23 @@ app = typer.Typer(
 )
 
 
+class Accounting(str, enum.Enum):
+    file = "file"
+    slurmdbd = "slurmdbd"
+
+
 @app.command("slurm")
 def slurm(
     ctx: typer.Context,
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the files to."),
     controller: Optional[str] = typer.Option(
         None, "--controller", help="Host for slurmctld and slurmdbd (default: the first node)."
+    ),
+    accounting: Accounting = typer.Option(
+        Accounting.file,
+        "--accounting",
+        help="file: a job-completion log, no database (sacct -c); slurmdbd: full accounting "
+        "and fair share, with slurmdbd.conf for a MariaDB.",
     ),
 ) -> None:
     """slurm.conf, gres.conf, cgroup.conf and MIGRATION.md for this cluster's nodes."""
@@ -40,6 +53,7 @@ def slurm(
         default_time_s=st.config.limits.default_time_s,
         max_time_s=st.config.limits.max_time_s,
         skipped=tuple(skipped.items()),
+        accounting=accounting.value,
     )
     files = {
         "slurm.conf": se.render_slurm_conf(nodes, opts),
@@ -47,9 +61,16 @@ def slurm(
         "cgroup.conf": se.render_cgroup_conf(),
         "MIGRATION.md": se.render_migration_md(nodes, opts),
     }
-    _write(out_dir, files)
+    if accounting is Accounting.slurmdbd:
+        files["slurmdbd.conf"] = se.render_slurmdbd_conf(nodes, opts)
+    _write(out_dir, files, private=frozenset({"slurmdbd.conf"}))
     parts = ", ".join(p.name for p in se.plan_partitions(nodes))
     out().print(f"Wrote {', '.join(files)} to {out_dir} ({len(nodes)} nodes; partitions {parts}).")
+    if accounting is Accounting.slurmdbd:
+        out().print(
+            f"slurmdbd.conf (mode 0600) needs the database password: {se.DB_PASSWORD_PLACEHOLDER}"
+            " marks where."
+        )
     out().print(f"Next: read {out_dir / 'MIGRATION.md'}.")
     if skipped:
         for name, why in skipped.items():
@@ -124,7 +145,16 @@ def _scripts(
     return scripts, skipped
 
 
-def _write(out_dir: Path, files: dict[str, str]) -> None:
+def _write(out_dir: Path, files: dict[str, str], private: frozenset[str] = frozenset()) -> None:
+    """Each file into ``out_dir``; the ``private`` ones (a password goes there) readable by
+    their owner only, from the moment they exist."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for file_name, text in files.items():
-        (out_dir / file_name).write_text(text, encoding="utf-8")
+        path = out_dir / file_name
+        if file_name not in private:
+            path.write_text(text, encoding="utf-8")
+            continue
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)  # an older copy may have been readable
+            f.write(text)
