@@ -1,6 +1,9 @@
-"""The export, proven by a real SLURM: jobs run through gpuclaim on SSH testbed nodes, then
-`gpuclaim export slurm` and `export sbatch` through the CLI, then slurmctld and one slurmd per
-node (Debian's packages; tests/slurm_testbed.py) run those files and the exported scripts.
+"""The export, proven by a real SLURM: jobs run through gpuclaim on SSH testbed nodes (each a
+host with a hostname of its own, unlike its SSH alias), then `gpuclaim export slurm` and
+`export sbatch` through the CLI, then slurmctld and one slurmd per node (Debian's packages;
+tests/slurm_testbed.py) run those files as exported and the exported scripts; slurmd finds
+each node's line by its hostname, as on the real machine. The slurmdbd variant has no
+database here: slurmctld and slurmdbd show they accept its files up to the database.
 
 A machine without SLURM fails here with the packages to install: CI proves the export.
 """
@@ -8,14 +11,24 @@ A machine without SLURM fails here with the packages to install: CI proves the e
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from slurm_testbed import MissingSlurm, SlurmTestbed, SlurmTestbedError
+from slurm_testbed import (
+    CTLD_NO_DATABASE,
+    DBD_NO_DATABASE,
+    MissingSlurm,
+    SlurmTestbed,
+    SlurmTestbedError,
+    can_rename,
+)
 
 from gpuclaim.hardware import probe_hardware
 from gpuclaim.slurm_export import (
@@ -30,7 +43,9 @@ from gpuclaim.slurm_export import (
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100 80GB PCIe"
 A10 = "NVIDIA A10"  # "a10" is a substring of every A100's name: slurmd must still tell them apart
-GPUS = {"node01": [H100, H100], "node02": [H100, H100], "node03": [A100, A10]}
+# Each SSH testbed node (its alias) is a machine with a hostname of its own, as SLURM names it.
+HOSTS = {"node01": "gpu01", "node02": "gpu02", "node03": "ws7"}
+GPUS = {"gpu01": [H100, H100], "gpu02": [H100, H100], "ws7": [A100, A10]}
 
 PRINT_JOB = (
     "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(), "
@@ -75,6 +90,33 @@ def slurm(tmp_path):
         tb.down()
 
 
+@pytest.fixture
+def named_testbed(make_testbed, monkeypatch, tmp_path):
+    """Three SSH testbed nodes that are three hosts: each sshd runs in a UTS namespace of its
+    own named as HOSTS says, so the agent there reports that hostname, not the SSH alias."""
+    if not can_rename():
+        pytest.fail("hosts with names of their own need root (unshare --uts)", pytrace=False)
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+    sshd = shutil.which("sshd", path=search)
+    if sshd is None:
+        pytest.fail("sshd not found: apt-get install openssh-server", pytrace=False)
+    cases = "".join(f"    */nodes/{alias}/sshd_config) name={h} ;;\n" for alias, h in HOSTS.items())
+    wrapper = tmp_path / "bin" / "sshd"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n# sshd, in a UTS namespace named after the testbed node it serves\n"
+        f'name=\nfor arg; do\n  case "$arg" in\n{cases}  esac\ndone\n'
+        f'[ -n "$name" ] || exec {sshd} "$@"\n'
+        f'exec unshare --uts sh -c \'hostname "$0" && exec "$@"\' "$name" {sshd} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    tb = make_testbed(3, 2)
+    for alias, host in HOSTS.items():  # the renaming took
+        assert tb.ssh(alias, "hostname").stdout.strip() == host
+    return tb
+
+
 def _wait_job(c, name, timeout=30.0):
     deadline = time.monotonic() + timeout
     while True:
@@ -85,10 +127,13 @@ def _wait_job(c, name, timeout=30.0):
         time.sleep(0.3)
 
 
-def test_exported_config_and_scripts_run_on_a_real_slurm(testbed, make_remote, slurm, tmp_path):
+def test_exported_config_and_scripts_run_on_a_real_slurm(
+    named_testbed, make_remote, slurm, tmp_path
+):
+    testbed = named_testbed
     t0 = time.monotonic()
-    for node, names in GPUS.items():
-        testbed.set_gpus(node, [{"name": n, "memory_total_mib": 81920} for n in names])
+    for alias, host in HOSTS.items():
+        testbed.set_gpus(alias, [{"name": n, "memory_total_mib": 81920} for n in GPUS[host]])
     c = make_remote(testbed)
 
     # Two jobs through gpuclaim: a hostile single-GPU one on the A100/A10 node, a gang job.
@@ -123,15 +168,24 @@ def test_exported_config_and_scripts_run_on_a_real_slurm(testbed, make_remote, s
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in scripts.iterdir()) == ["gang.sbatch", "single.sbatch"]
     conf = (export / "slurm.conf").read_text()
-    assert re.search(r"^NodeName=node\[01-02\] .*Gres=gpu:h100:2 ", conf, re.MULTILINE)
-    assert re.search(r"^NodeName=node03 .*Gres=gpu:a100:1,gpu:a10:1 ", conf, re.MULTILINE)
+    # named by the hostnames the nodes reported, not by their SSH aliases
+    assert re.search(r"^NodeName=gpu\[01-02\] .*Gres=gpu:h100:2 State", conf, re.MULTILINE)
+    assert re.search(r"^NodeName=ws7 .*Gres=gpu:a100:1,gpu:a10:1 State", conf, re.MULTILINE)
+    assert "# gpuclaim's names: node01 is gpu01, node02 is gpu02, node03 is ws7." in conf
+    # the testbed's nodes are reached at 127.0.0.1, which is no NodeAddr for another machine
+    assert not re.search(r"^NodeName=.* NodeAddr=", conf, re.MULTILINE)
+    assert "ws7 at 127.0.0.1, a loopback address" in conf
     t_export = time.monotonic()
 
-    # SLURM runs the exported files: every node idle with its Gres, every GPU matched.
+    # SLURM runs the exported files: every node idle with its Gres, every GPU matched, and
+    # each slurmd found its line by its hostname (no -N).
     tb = slurm(export, GPUS)
     t_up = time.monotonic()
+    assert tb.found_by == dict.fromkeys(GPUS, "hostname")
     parts = tb.run("sinfo", "-h", "-o", "%P %D %G")
     assert parts.split()[0] == "h100*"
+    ctld_log = (tb.root / "log" / "slurmctld.log").read_text()
+    assert "can only be used with SlurmDBD" not in ctld_log  # no setting silently dropped
 
     (work / "logs").mkdir()
     single_id = tb.sbatch(scripts / "single.sbatch", cwd=tmp_path)
@@ -151,13 +205,25 @@ def test_exported_config_and_scripts_run_on_a_real_slurm(testbed, make_remote, s
 
     lines = [json.loads(x) for x in (gang_dir / "logs" / f"{gang_id}.out").read_text().splitlines()]
     launchers = sorted((x for x in lines if "launcher" in x), key=lambda x: x["node"])
-    assert [x["node"] for x in launchers] == ["node01", "node02"]
+    assert [x["node"] for x in launchers] == ["gpu01", "gpu02"]
     for x in launchers:
         assert x["cvd"] == "0,1"
         assert x["launcher"][:2] == ["--nnodes=2", "--nproc_per_node=2"]
         assert x["launcher"][2:4] == [f"--rdzv_id={gang_id}", "--rdzv_backend=c10d"]
         assert re.fullmatch(r"--rdzv_endpoint=127\.0\.0\.1:\d+", x["launcher"][4])
     assert [x["script_args"] for x in lines if "script_args" in x] == [["--lr", "0.1", "a b"]] * 2
+
+    # `gpuclaim history` as MIGRATION.md translates it: both jobs, from the job-completion log
+    history = _history_command(export / "MIGRATION.md")
+    assert history.startswith("sacct -c ")
+    rows = {r.split()[0]: r.split() for r in tb.run(*shlex.split(history)).splitlines()[2:]}
+    me = pwd.getpwuid(os.getuid()).pw_name
+    for job_id, want in (
+        (single_id, ["single", "a100", "ws7", "COMPLETED"]),
+        (gang_id, ["gang", "h100", "gpu[01-02]", "COMPLETED"]),
+    ):
+        row = rows[str(job_id)]
+        assert row[1].startswith(me) and row[2:6] == want, rows
     t_end = time.monotonic()
     print(
         f"timings: gpuclaim jobs {t_jobs - t0:.1f}s, export {t_export - t_jobs:.1f}s, "
@@ -165,13 +231,21 @@ def test_exported_config_and_scripts_run_on_a_real_slurm(testbed, make_remote, s
     )
 
 
+def _history_command(migration: Path) -> str:
+    """The SLURM command MIGRATION.md gives for `gpuclaim history`."""
+    m = re.search(r"^\| `gpuclaim history` \| `([^`]+)` \|", migration.read_text(), re.MULTILINE)
+    assert m, "no `gpuclaim history` row in MIGRATION.md"
+    return m.group(1)
+
+
 def _this_machine_export(tmp_path: Path) -> Path:
-    """The export for GPUS on this machine's real hardware, rendered directly (fast)."""
+    """The export for GPUS on this machine's real hardware, rendered directly (fast): one
+    machine per node, each with the node's name as its hostname."""
     hw = probe_hardware()
     nodes = [
         NodeSpec(
             name,
-            hw["hostname"],
+            name,
             hw["cpus"],
             hw["sockets"],
             hw["cores_per_socket"],
@@ -211,6 +285,28 @@ BROKEN = {
     "unknown cgroup.conf key": [("cgroup.conf", "ConstrainDevices=yes", "ConstrainGPUs=yes")],
     # a node bigger than the machine (what a wrong hardware probe would write)
     "more memory than the machine": [("slurm.conf", "RealMemory=", "RealMemory=9")],
+    # what the export used to write without slurmdbd: slurmctld dies at once on each
+    "GPU TRES without slurmdbd": [
+        ("slurm.conf", "JobCompType=", "AccountingStorageTRES=gres/gpu\nJobCompType="),
+    ],
+    "GPU billing without slurmdbd": [
+        ("slurm.conf", " State=UP", ' TRESBillingWeights="GRES/gpu=1.0" State=UP'),
+    ],
+    "slurmdbd that is not there": [
+        (
+            "slurm.conf",
+            "AccountingStorageType=accounting_storage/none",
+            "AccountingStorageType=accounting_storage/slurmdbd",
+        ),
+    ],
+    # slurmctld only logs that it ignores fair share without slurmdbd: the testbed refuses it
+    "fair share without slurmdbd": [
+        (
+            "slurm.conf",
+            "PriorityType=priority/basic",
+            "PriorityType=priority/multifactor\nPriorityWeightFairshare=10000",
+        ),
+    ],
 }
 
 
@@ -219,8 +315,10 @@ def test_a_broken_export_is_refused(case, slurm, tmp_path):
     export = _this_machine_export(tmp_path)
     for name, old, new in BROKEN[case]:
         _break(export / name, old, new)
-    with pytest.raises(SlurmTestbedError):
+    with pytest.raises(SlurmTestbedError) as refused:
         slurm(export, GPUS)
+    lines = str(refused.value).splitlines()
+    print(f"{case}: {next((x for x in lines if 'fatal:' in x), lines[0])}")
 
 
 def test_the_unbroken_export_of_this_machine_comes_up(slurm, tmp_path):
@@ -244,3 +342,76 @@ def test_hardware_probe_agrees_with_slurmd(tmp_path):
     )
     assert hw["mem_total_mib"] == int(fields["RealMemory"])
     assert hw["real_memory_mib"] < int(fields["RealMemory"])
+
+
+def _conf(path: Path) -> dict[str, str]:
+    """key=value of a SLURM config file (first value of each key; NodeName lines left out)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            if key not in ("NodeName", "PartitionName"):
+                out.setdefault(key, value)
+    return out
+
+
+def test_slurmdbd_export_is_accepted_up_to_the_database(make_cluster, tmp_path):
+    c = make_cluster({"node01": 2})
+    export = tmp_path / "dbd"
+    proc = c.cli("export", "slurm", "--accounting", "slurmdbd", "--out", str(export))
+    assert proc.returncode == 0, proc.stderr
+    assert (export / "slurmdbd.conf").stat().st_mode & 0o777 == 0o600
+
+    # slurmdbd reads its file (mode and all) and loads its plugins: it waits for MariaDB;
+    # slurmctld reads slurm.conf and loads accounting_storage/slurmdbd: it asked slurmdbd
+    # (which answers only once its database does) and stops there.
+    try:
+        logs = SlurmTestbed.without_database(export, tmp_path / "run")
+    except MissingSlurm as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert "mysql_real_connect failed" in logs["slurmdbd"] and DBD_NO_DATABASE in logs["slurmdbd"]
+    assert CTLD_NO_DATABASE in logs["slurmctld"]
+    assert re.search(r"persistent connection to host:127\.0\.0\.1:\d+", logs["slurmctld"])
+    for log in logs.values():
+        assert "Parsing error" not in log and "Can't find plugin" not in log, log
+
+    # the controls: a bad key, or a file others may read, stops slurmdbd before that
+    for edit, said in (
+        (lambda p: p.write_text(p.read_text() + "StoragePassword=x\n"), "unrecognized key"),
+        (lambda p: p.chmod(0o644), "should be 600 is 644"),
+    ):
+        broken = tmp_path / f"broken{len(said)}"
+        shutil.copytree(export, broken)
+        edit(broken / "slurmdbd.conf")
+        with pytest.raises(SlurmTestbedError, match="slurmdbd exited") as refused:
+            SlurmTestbed.without_database(broken, tmp_path / f"run{len(said)}")
+        assert said in str(refused.value)
+
+
+def test_exported_paths_are_those_debians_packages_make(make_cluster, tmp_path):
+    """The export starts on a fresh Debian install as written: its state, spool and log
+    directories are the ones the packages create, owned by slurm, and its pid files the
+    ones the packages' systemd units watch."""
+    c = make_cluster({"node01": 1})
+    for accounting in ("file", "slurmdbd"):
+        out = tmp_path / accounting
+        proc = c.cli("export", "slurm", "--accounting", accounting, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        conf = _conf(out / "slurm.conf")
+        dirs = [conf["StateSaveLocation"], conf["SlurmdSpoolDir"]]
+        dirs += [str(Path(conf[k]).parent) for k in ("SlurmctldLogFile", "SlurmdLogFile")]
+        pids = {"slurmctld": conf["SlurmctldPidFile"], "slurmd": conf["SlurmdPidFile"]}
+        if accounting == "file":
+            dirs.append(str(Path(conf["JobCompLoc"]).parent))
+        else:
+            dbd = _conf(out / "slurmdbd.conf")
+            dirs.append(str(Path(dbd["LogFile"]).parent))
+            pids["slurmdbd"] = dbd["PidFile"]
+        for d in dirs:
+            path = Path(d)
+            assert path.is_dir(), f"{d} does not exist: not made by Debian's packages"
+            assert pwd.getpwuid(path.stat().st_uid).pw_name == "slurm", d
+        for daemon, pid_file in pids.items():
+            unit = Path(f"/lib/systemd/system/{daemon}.service")
+            assert unit.exists(), f"no {unit}: apt-get install {daemon}"
+            assert f"PIDFile={pid_file}\n" in unit.read_text(), (daemon, pid_file)
