@@ -56,6 +56,7 @@ def _probe(request: dict[str, Any]) -> dict[str, Any]:
         tuple(request.get("nvidia_smi") or ()),
         dict(request.get("env") or {}),
         float(request.get("timeout", 10.0)),
+        liveness=True,
     )
     return inv.to_dict()
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuclaim.cluster import ClusterView, GpuRow, NodeProber, build_view
+from gpuclaim.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.config import Config, NodeConfig
 from gpuclaim.durations import format_duration
 from gpuclaim.errors import (
@@ -212,9 +212,19 @@ def extend_claims(
     return result
 
 
-def collect_garbage(store: Store, user: str) -> GcReport:
-    """Remove expired and abandoned claims, set damaged claim files aside; log each."""
+def collect_garbage(
+    store: Store, user: str, prober: Optional[NodeProber] = None, config: Optional[Config] = None
+) -> GcReport:
+    """Remove expired and abandoned claims, set damaged claim files aside; log each. With a
+    prober, the nodes that hold jobs' claims are asked first: a job whose wrapper is gone
+    (node rebooted) is collected now, not three missed heartbeats later."""
     snap = store.snapshot()
+    if prober is not None and config is not None:
+        job_nodes = {s.claim.node for s in snap.claims.values() if s.claim.job}
+        asked = [n for n in config.nodes if n.name in job_nodes]
+        if asked:
+            inventories = prober.probe(asked)
+            snap = mark_lost_jobs(store.snapshot(), inventories)  # read after the probe
     report = GcReport()
     for status in snap.claims.values():
         if status.state != "stale":
@@ -374,6 +384,23 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
             kind = "expire" if status.reason == "expired" else "reap"
             end = status.claim.expires if kind == "expire" else view.snapshot.now
             store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
+            if status.reason == "job lost":
+                finish_lost_claim(store, status.claim)
+
+
+def finish_lost_claim(store: Store, claim: Claim) -> None:
+    """A job's claim judged lost (its wrapper is gone): record the rank as lost, which also
+    releases the claim, so the job does not stay 'running' for ever."""
+    from gpuclaim.jobs import FINAL_STATES, finish_rank
+    from gpuclaim.model import Job
+
+    data = store.load_job_dict(job_id=claim.job) if claim.job else None
+    if not data:
+        return
+    job = Job.from_dict(data)
+    for r in job.ranks:
+        if r.claim_id == claim.id and r.state not in FINAL_STATES:
+            finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
 
 
 def _remove_claim(store: Store, status: ClaimStatus) -> bool:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.config import Config, Limits, NodeConfig
+from gpuclaim.liveness import wrapper_gone
 from gpuclaim.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.remote.fanout import fan_out
 from gpuclaim.store import ClaimStatus, Snapshot, Store
@@ -98,7 +100,9 @@ class NodeProber:
         if node.transport == "local":
             from gpuclaim.probe.local import probe_local
 
-            return probe_local(node.name, node.nvidia_smi, dict(node.env), limits.probe_timeout_s)
+            return probe_local(
+                node.name, node.nvidia_smi, dict(node.env), limits.probe_timeout_s, liveness=True
+            )
         request = {
             "op": "probe",
             "node": node.name,
@@ -121,7 +125,7 @@ def build_view(
     selected = list(config.nodes) if nodes is None else list(nodes)
     if inventories is None:
         inventories = (prober or NodeProber(config)).probe(selected)
-    snap = store.snapshot()
+    snap = mark_lost_jobs(store.snapshot(), inventories)
     rows: list[GpuRow] = []
     seen: set[str] = set()
     for node in selected:
@@ -154,6 +158,23 @@ def build_view(
                 )
     rows.sort(key=lambda r: (_node_order(config, r.node), r.index if r.index is not None else -1))
     return ClusterView(rows=rows, inventories=inventories, snapshot=snap, drains=snap.drains)
+
+
+def mark_lost_jobs(snap: Snapshot, inventories: dict[str, NodeInventory]) -> Snapshot:
+    """Job claims whose node answered and proves their wrapper gone (the node rebooted, its
+    tmux server was killed) are stale at once: ``job lost``, as missed heartbeats would say
+    only minutes later. The store is read after the probe, so a wrapper that ended normally
+    between the two has released its claim already."""
+    lost = {}
+    for claim_id, status in snap.claims.items():
+        inv = inventories.get(status.claim.node)
+        if status.state != "claimed" or not status.claim.job or inv is None or inv.error:
+            continue
+        if wrapper_gone(snap.beats.get(claim_id), inv.liveness):
+            lost[claim_id] = ClaimStatus(status.claim, "stale", "job lost", status.present)
+    if not lost:
+        return snap
+    return dataclasses.replace(snap, claims={**snap.claims, **lost})
 
 
 def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: Limits) -> GpuRow:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuclaim.durations import format_duration
-from gpuclaim.errors import StorageRefusesWrites
 from gpuclaim.model import Event
 
 MAX_GAP_S = 300.0  # a sample stands for at most this long (nobody looked for an hour: unknown)
@@ -152,22 +151,3 @@ def apply_policy(config: Any, store: Any, view: Any, summaries: dict[str, dict[s
 def _idle_reason(policy: Any, verdict: Idleness) -> str:
     return f"under {policy.threshold_pct:g}% for {format_duration(verdict.idle_for_s)}"
 
-
-def follow_up_look(
-    config: Any, store: Any, view: Any
-) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:
-    """What every look at the GPUs does besides showing them (status and the board alike):
-    fold the usage it saw, apply the idle policy, record Slack notices. Returns the claims'
-    usage summaries, and why nothing could be recorded when the storage refuses writes (the
-    look still shows what it holds; the summaries are then only read)."""
-    try:
-        summaries = sample_view(view, store, config.idle.threshold_pct)
-        apply_policy(config, store, view, summaries)
-        if config.slack.webhook_url:
-            from gpuclaim.notify import record_notices
-
-            record_notices(view, store)
-    except StorageRefusesWrites as exc:
-        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})
-        return (store.usage_summaries(ids=held) if held else {}), exc
-    return summaries, None

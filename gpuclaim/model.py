@@ -112,6 +112,8 @@ class NodeInventory:
     driver_version: Optional[str] = None
     error: Optional[str] = None  # set when the node or its driver could not be read
     reachable: bool = True
+    # The node's boot id and running job wrappers (gpuclaim.liveness), when it could tell.
+    liveness: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +123,7 @@ class NodeInventory:
             "driver_version": self.driver_version,
             "error": self.error,
             "reachable": self.reachable,
+            "liveness": self.liveness,
         }
 
     @classmethod
@@ -132,6 +135,7 @@ class NodeInventory:
             driver_version=d.get("driver_version"),
             error=d.get("error"),
             reachable=bool(d.get("reachable", True)),
+            liveness=d.get("liveness"),
         )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import random
@@ -146,6 +147,8 @@ class Snapshot:
     files: dict[str, ClaimFile] = field(default_factory=dict)  # by GPU uuid
     claims: dict[str, ClaimStatus] = field(default_factory=dict)  # by claim id
     drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # by node
+    # job wrappers' heartbeats by claim id: {"mtime", "interval", "boot_id", "pid", "start"}
+    beats: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def claim_for(self, gpu_uuid: str) -> Optional[ClaimStatus]:
         f = self.files.get(gpu_uuid)
@@ -172,6 +175,7 @@ class Snapshot:
                 for s in self.claims.values()
             ],
             "drains": self.drains,
+            "beats": self.beats,
         }
 
     @classmethod
@@ -191,6 +195,7 @@ class Snapshot:
             files={f.uuid: f for f in files},
             claims={c.claim.id: c for c in claims},
             drains=dict(d.get("drains") or {}),
+            beats=dict(d.get("beats") or {}),
         )
 
 
@@ -350,13 +355,15 @@ class ClaimStore:
             cf = self._read_claim_file(gpus_dir / name)
             if cf is not None:
                 snap.files[cf.uuid] = cf
-        snap.claims = self._judge(snap.files, now, self._beats())
+        snap.beats = self._beats()
+        snap.claims = self._judge(snap.files, now, snap.beats)
         snap.drains = self.drains()
         return snap
 
-    def _beats(self) -> dict[str, tuple[float, float]]:
-        """{claim id: (last beat, interval)} from the job wrappers' heartbeat files."""
-        beats: dict[str, tuple[float, float]] = {}
+    def _beats(self) -> dict[str, dict[str, Any]]:
+        """The job wrappers' heartbeats by claim id: when (mtime, the storage clock), how
+        often, and who beats (so that a node's answer can prove the wrapper gone)."""
+        beats: dict[str, dict[str, Any]] = {}
         directory = self._p("beats")
         try:
             names = os.listdir(directory)
@@ -366,10 +373,17 @@ class ClaimStore:
             try:
                 with open(directory / name, "rb") as fh:
                     st = os.fstat(fh.fileno())
-                    interval = float(json.loads(fh.read(4096) or b"{}").get("interval", 10))
-            except (OSError, ValueError, AttributeError):
+                    body = json.loads(fh.read(4096) or b"{}")
+                    beat = {
+                        "mtime": st.st_mtime,
+                        "interval": float(body.get("interval", 10)),
+                        "boot_id": body.get("boot_id"),
+                        "pid": body.get("pid"),
+                        "start": body.get("start"),
+                    }
+            except (OSError, ValueError, AttributeError, TypeError):
                 continue
-            beats[name] = (st.st_mtime, interval)
+            beats[name] = beat
         return beats
 
     def _read_claim_file(self, path: Path) -> Optional[ClaimFile]:
@@ -400,7 +414,7 @@ class ClaimStore:
         self,
         files: dict[str, ClaimFile],
         now: float,
-        beats: Optional[dict[str, tuple[float, float]]] = None,
+        beats: Optional[dict[str, dict[str, Any]]] = None,
     ) -> dict[str, ClaimStatus]:
         by_id: dict[str, list[ClaimFile]] = {}
         for f in files.values():
@@ -424,12 +438,11 @@ class ClaimStore:
                 result[claim_id] = ClaimStatus(claim, "claimed", "", present)
         return result
 
-    def _job_lost(self, claim: Claim, beat: Optional[tuple[float, float]], now: float) -> bool:
+    def _job_lost(self, claim: Claim, beat: Optional[dict[str, Any]], now: float) -> bool:
         """A job's claim whose wrapper stopped beating (node rebooted, tmux killed) is lost;
         so is one whose wrapper never beat while the `run` that claimed it died here."""
         if beat is not None:
-            last, interval = beat
-            return now - last > 3 * interval + 2
+            return now - beat["mtime"] > 3 * beat["interval"] + 2
         if now - claim.since > JOB_START_GRACE_S:
             return True
         launcher_dead = claim.host == self.host and claim.pid > 0 and not _pid_alive(claim.pid)
@@ -689,10 +702,8 @@ class ClaimStore:
     def beat(self, claim_id: str, interval: float) -> None:
         """A job wrapper's sign of life for its claim (the file's mtime is the storage clock)."""
         path = self._p("beats", _safe(claim_id))
-        tmp = self._stage(
-            _encode({"interval": interval, "host": self.host, "pid": os.getpid()}), sync=False
-        )
-        self._publish(tmp, path)
+        body = {"interval": interval, "host": self.host, **_beater()}
+        self._publish(self._stage(_encode(body), sync=False), path)
 
     def drop_beat(self, claim_id: str) -> None:
         _unlink_quiet(self._p("beats", _safe(claim_id)))
@@ -1011,6 +1022,14 @@ def _read_stale_safe(path: Path) -> bytes:
 
 def _listdir_stale_safe(path: Path) -> list[str]:
     return _again_if_stale(lambda: os.listdir(path))
+
+
+@functools.cache
+def _beater() -> dict[str, Any]:
+    """Who beats: boot id, pid and start time of this process (see gpuclaim.liveness)."""
+    from gpuclaim.liveness import this_process
+
+    return this_process()
 
 
 def _safe(name: str) -> str:

@@ -259,6 +259,66 @@ def test_rebooted_node_leaves_a_stale_claim_that_is_reclaimable(jobs_cluster):
     assert claim["user"] == "bob"
 
 
+def test_a_look_at_a_rebooted_node_sees_the_job_lost_at_once(testbed, make_remote):
+    # Heartbeats every 60 s would need 3 min to notice; a node that answers can tell now.
+    c = make_remote(testbed, kill_grace="2s", heartbeat="60s")
+    job = c.json("run", "-n", "4", "--node", "node03", "--name", "victim", "--", "sleep", "300")
+    other = c.json(
+        "run", "-n", "2", "--node", "node02", "--name", "bystander", "--", "sleep", "300"
+    )
+    _wait_state(c, "victim", {"running"})
+    _wait_state(c, "bystander", {"running"})
+    assert _kill_where({}, job["id"].encode()) >= 1  # the wrapper (and the tmux server)
+    assert _kill_where({"GPUCLAIM_JOB": "victim"}, b"sleep") == 1
+    c.testbed.ssh("node03", "tmux kill-server")
+    t0 = time.monotonic()
+    rows = c.status()
+    seen_after = time.monotonic() - t0
+    victim = [r for r in rows if r["node"] == "node03"]
+    assert [(r["state"], r["reason"]) for r in victim] == [("stale", "job lost")] * 4, victim
+    assert seen_after < 5  # the look itself, not a heartbeat timeout
+    # the live job elsewhere is untouched by the same look
+    assert {r["state"] for r in rows if r["node"] == "node02" and r["claim"]} == {"claimed"}
+    claim = c.json("claim", "-n", "4", "--node", "node03", user="bob")
+    assert claim["user"] == "bob"
+    assert _job(c, "victim")["state"] == "lost"
+    assert _job(c, "bystander")["state"] == "running"
+    c.ok("kill", other["name"])
+
+
+def test_gc_collects_a_rebooted_nodes_job_at_once(testbed, make_remote):
+    c = make_remote(testbed, heartbeat="60s")
+    job = c.json("run", "-n", "2", "--node", "node01", "--name", "gone", "--", "sleep", "300")
+    _wait_state(c, "gone", {"running"})
+    assert _kill_where({}, job["id"].encode()) >= 1
+    assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
+    report = c.json("gc")
+    assert report["lost_jobs"] == ["gone"], report
+    assert _job(c, "gone")["state"] == "lost"
+
+
+def test_a_job_being_started_is_never_taken_for_lost(jobs_cluster):
+    # Looks racing a launch: the wrapper may start after a probe began; never "lost" for that.
+    c = jobs_cluster
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "run", "--name", "newborn", "--", "sleep", "20"],
+        env=c.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    states = set()
+    deadline = time.monotonic() + 20
+    while launcher.poll() is None or time.monotonic() < deadline - 12:
+        states |= {(r["state"], r["reason"]) for r in c.status() if r["claim"]}
+        assert time.monotonic() < deadline
+    assert launcher.returncode == 0, launcher.stderr.read()
+    states |= {(r["state"], r["reason"]) for r in c.status() if r["claim"]}
+    assert ("stale", "job lost") not in states, states
+    assert _job(c, "newborn")["state"] == "running"
+    c.ok("kill", "newborn")
+
+
 def test_logs_follow_until_the_job_ends(jobs_cluster):
     c = jobs_cluster
     c.ok(

@@ -11,8 +11,9 @@ from typing import Any, Optional
 from gpuclaim.board.services import BoardServices
 from gpuclaim.cluster import ClusterView, GpuRow, build_view
 from gpuclaim.errors import StorageRefusesWrites
-from gpuclaim.idle import follow_up_look, usage_view
+from gpuclaim.idle import usage_view
 from gpuclaim.jobs import load_jobs, observed_state
+from gpuclaim.look import follow_up_look
 from gpuclaim.model import ACTIVE_JOB_STATES, Job, NodeInventory
 
 

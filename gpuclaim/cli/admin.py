@@ -20,7 +20,7 @@ def gc(
     from gpuclaim.claims import collect_garbage
 
     st = state(ctx)
-    report = collect_garbage(st.store, st.user)
+    report = collect_garbage(st.store, st.user, st.prober, st.config)
     st.dispatch_quietly()
     if quiet:
         return

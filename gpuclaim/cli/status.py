@@ -24,7 +24,8 @@ def status(
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.cli.render import status_summary, status_table
     from gpuclaim.cluster import build_view
-    from gpuclaim.idle import follow_up_look, usage_view
+    from gpuclaim.idle import usage_view
+    from gpuclaim.look import follow_up_look
 
     st = state(ctx, looking=True)
     st.dispatch_quietly()

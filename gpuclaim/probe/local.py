@@ -35,8 +35,24 @@ def probe_local(
     nvidia_smi: Sequence[str] = (),
     env: Optional[Mapping[str, str]] = None,
     timeout: float = 10.0,
+    liveness: bool = False,
 ) -> NodeInventory:
-    """This machine's GPUs as ``node``; never raises: failures become ``NodeInventory.error``."""
+    """This machine's GPUs as ``node``; never raises: failures become ``NodeInventory.error``.
+    With ``liveness``, also which job wrappers run here (a look's way to see lost jobs)."""
+    inv = _probe_gpus(node, nvidia_smi, env, timeout)
+    if liveness:
+        from gpuclaim.liveness import node_liveness
+
+        inv = replace(inv, liveness=node_liveness())
+    return inv
+
+
+def _probe_gpus(
+    node: str,
+    nvidia_smi: Sequence[str],
+    env: Optional[Mapping[str, str]],
+    timeout: float,
+) -> NodeInventory:
     if not nvidia_smi:
         try:
             from gpuclaim.probe.nvml import probe_nvml
