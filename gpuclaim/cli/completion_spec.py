@@ -645,6 +645,15 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                                              'help': 'Host for slurmctld and '
                                                                      'slurmdbd (default: the first '
                                                                      'node).'},
+                                                            {'names': ['--accounting'],
+                                                             'value': '',
+                                                             'multiple': False,
+                                                             'help': 'file: a job-completion log, '
+                                                                     'no database (sacct -c); '
+                                                                     'slurmdbd: full accounting '
+                                                                     'and fair share, with '
+                                                                     'slurmdbd.conf for a '
+                                                                     'MariaDB.'},
                                                             {'names': ['-h', '--help'],
                                                              'value': None,
                                                              'multiple': False,
