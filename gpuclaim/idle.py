@@ -150,4 +150,3 @@ def apply_policy(config: Any, store: Any, view: Any, summaries: dict[str, dict[s
 
 def _idle_reason(policy: Any, verdict: Idleness) -> str:
     return f"under {policy.threshold_pct:g}% for {format_duration(verdict.idle_for_s)}"
-
