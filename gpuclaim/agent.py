@@ -172,6 +172,12 @@ def _launch(request: dict[str, Any]) -> Any:
     return launch_rank(request["spec"])
 
 
+def _keep_queue(request: dict[str, Any]) -> Any:
+    from gpuclaim.queue_keeper import start_keeper
+
+    return start_keeper(request["spec"])
+
+
 def _stop_session(request: dict[str, Any]) -> Any:
     from gpuclaim.runner import stop_session
 
@@ -216,6 +222,7 @@ _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "doctor": _doctor,
     "store": _store,
     "launch": _launch,
+    "keep_queue": _keep_queue,
     "stop_session": _stop_session,
     "read_log": _read_log,
     "node_facts": _node_facts,
@@ -230,6 +237,10 @@ def main() -> int:
         from gpuclaim.runner import run_wrapper
 
         return run_wrapper(sys.argv[2])
+    if len(sys.argv) == 3 and sys.argv[1] == "keep-queue":
+        from gpuclaim.queue_keeper import run_keeper
+
+        return run_keeper(sys.argv[2])
     raw = sys.stdin.buffer.read()
     try:
         request = json.loads(raw.decode("utf-8") or "{}")

@@ -26,6 +26,7 @@ from gpuclaim.errors import (
 )
 from gpuclaim.identity import validate_name
 from gpuclaim.model import ACTIVE_JOB_STATES, Claim, Event, Job, JobRank, iso
+from gpuclaim.remote.fanout import fan_out
 from gpuclaim.store import Store
 
 FINAL_STATES = ("succeeded", "failed", "killed", "timeout", "lost")
@@ -71,6 +72,9 @@ class NodeOps:
 
     def launch(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
         return dict(self._call(node, "launch", spec=spec))
+
+    def keep_queue(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call(node, "keep_queue", spec=spec))
 
     def stop_session(self, node: NodeConfig, session: str) -> bool:
         return bool(self._call(node, "stop_session", session=session))
@@ -187,7 +191,10 @@ def submit_job(
         store.enqueue(job_id=job.id)
         store.append_event(job_event("job-queued", job, now))
         dispatch_queue(config, store, prober=prober, ops=ops)
-        return _reload(store, job)
+        job = _reload(store, job)
+        if job.state == "queued":
+            start_keepers(config, ops, job, view)
+        return job
     ranks = place_and_claim(config, store, job, prober, view)
     job = job.with_(state="starting", ranks=tuple(ranks))
     store.create_job(job=job.to_dict())
@@ -305,22 +312,48 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
     return _reload(store, job)
 
 
-def rank_spec(
-    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict
-) -> dict[str, Any]:
-    """All a node needs to run one rank on its own, laptop closed."""
+def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> list[str]:
+    """A queued job waits: a keeper on every node it could run on starts it there as soon as
+    GPUs free up (an expiry included), laptop closed. Returns the nodes that have one; a node
+    that cannot start one is left to the wrappers and the next gpuclaim call."""
+    if job.nodes_wanted > 1:
+        return []  # a gang needs several nodes at once: the laptop's dispatch places it
+    nodes = [
+        n
+        for n in _nodes_for(config, job)
+        if len(view.gpus_of(n.name)) >= job.gpus_per_node and n.name not in view.unreachable
+    ]
+    outcomes = fan_out(
+        [n.name for n in nodes],
+        lambda name: ops.keep_queue(config.node(name), keeper_spec(config, name)),
+        config.limits.deadline_s,
+    )
+    return [name for name, outcome in outcomes.items() if outcome.ok]
+
+
+def keeper_spec(config: Config, node: str) -> dict[str, Any]:
+    return {"node": node, "store_root": _node_store_root(config), "config": config.raw}
+
+
+def _node_store_root(config: Config) -> str:
+    """The store as the nodes see it: ssh:// storage is at the same path on every node."""
     storage = config.storage
     if storage.startswith("ssh://"):
         from gpuclaim.remote.store_proxy import parse_storage_url
 
-        storage = parse_storage_url(storage)[1]  # nodes see the storage at the same path
-    else:
-        storage = str(config.storage_path)
+        return parse_storage_url(storage)[1]
+    return str(config.storage_path)
+
+
+def rank_spec(
+    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict
+) -> dict[str, Any]:
+    """All a node needs to run one rank on its own, laptop closed."""
     return {
         "job": job.to_dict(),
         "rank": rank.rank,
         "session": job.session,
-        "store_root": storage,
+        "store_root": _node_store_root(config),
         "config": config.raw,
         "node_env": dict(node.env),
         "nvidia_smi": list(node.nvidia_smi),

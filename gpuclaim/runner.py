@@ -494,6 +494,11 @@ class Wrapper:
 
             config = parse_config(raw)
             dispatch_queue(config, self.store, only_node=self.me.node)
+            if self.store.queue_entries():  # still waiting: someone must notice expiries here
+                from gpuclaim.queue_keeper import start_keeper
+
+                root = self.spec["store_root"]
+                start_keeper({"node": self.me.node, "store_root": root, "config": raw})
             if self._notifier is not None:
                 self._notifier.join(timeout=10)
             if config.slack.webhook_url:

@@ -578,6 +578,14 @@ class ClaimStore:
 
         return held()
 
+    def refresh_lock(self, name: str) -> None:
+        """A long-lived holder of ``try_lock(name)`` shows it is alive (locks older than
+        LOCK_BREAK_S are taken for abandoned)."""
+        try:
+            os.utime(self._p("locks", f"{_safe(name)}.lock"))
+        except OSError as exc:
+            raise storage_error(self.root, exc) from exc
+
     def _lock_abandoned(self, lock: Path) -> bool:
         try:
             with open(lock, "rb") as fh:

@@ -215,6 +215,8 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         return cluster
 
     yield make
+    for cluster in made:  # a queue keeper left waiting on a local node stops with its store
+        shutil.rmtree(cluster.storage, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuclaim.model import parse_iso
+
 
 def _job(c, name, user="alice"):
     rows = c.json("jobs", "--all", user=user)
@@ -169,6 +171,47 @@ def test_queue_starts_when_the_blocking_job_ends(jobs_cluster, tmp_path):
     assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, done["gpus"]))
     c.ok("kill", "fill-node02")
     c.ok("kill", "fill-node03")
+
+
+def test_queue_starts_within_seconds_of_an_expiry_with_no_gpuclaim_call(testbed, make_remote):
+    # Plain claims (no job, no wrapper) fill node01; nobody runs gpuclaim after the queueing.
+    c = make_remote(testbed, nodes=["node01"], heartbeat="1s")
+    held = c.json("claim", "-n", "4", "--time", "6s", "--note", "short")
+    expires = parse_iso(held["expires"])
+    queued = c.json("run", "-n", "2", "--queue", "--name", "patient", "--", "sleep", "30")
+    assert queued["state"] == "queued"
+    record_path = c.storage / "jobs" / f"{queued['id']}.json"
+    deadline = expires + 30
+    while time.time() < deadline:
+        record = json.loads(record_path.read_text())
+        if record["state"] in ("starting", "running"):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the queued job never started after the claim expired")
+    delay = time.time() - expires
+    print(f"queue delay after expiry: {delay:.1f} s")
+    assert delay < 10, delay
+    running = _wait_state(c, "patient", {"running"})
+    assert running["nodes"] == ["node01"]
+    # with the queue empty, the keeper is gone: nothing keeps running
+    deadline = time.monotonic() + 10
+    while _processes_like(b"keep-queue"):
+        assert time.monotonic() < deadline, "the queue keeper outlived the queue"
+        time.sleep(0.3)
+    c.ok("kill", "patient")
+
+
+def _processes_like(part: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if part in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def test_kill_running_and_queued_jobs(jobs_cluster):
