@@ -51,12 +51,27 @@ def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not node or not rest:
         raise UsageError(f"--gpu wants NODE:INDEX[,INDEX...], e.g. node01:0,2 (got {spec!r})")
     try:
-        indices = tuple(sorted({int(x) for x in rest.split(",")}))
+        listed = [int(x) for x in rest.split(",")]
     except ValueError:
         raise UsageError(f"--gpu indices must be numbers, e.g. node01:0,2 (got {spec!r})") from None
-    if any(i < 0 for i in indices):
+    if any(i < 0 for i in listed):
         raise UsageError(f"--gpu indices must be >= 0 (got {spec!r})")
-    return node, indices
+    twice = sorted({i for i in listed if listed.count(i) > 1})
+    if twice:
+        raise UsageError(f"--gpu {spec}: GPU {twice[0]} is listed twice")
+    return node, tuple(sorted(listed))
+
+
+def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+    """Several ``--gpu`` options; any GPU named twice, in one or across them, is bad input."""
+    parsed = [parse_gpu_spec(s) for s in specs]
+    seen: set[tuple[str, int]] = set()
+    for node, indices in parsed:
+        for i in indices:
+            if (node, i) in seen:
+                raise UsageError(f"--gpu: {node} GPU {i} is listed twice")
+            seen.add((node, i))
+    return parsed
 
 
 def claim_gpus(
@@ -111,14 +126,26 @@ def release_claims(
     gpus: Sequence[tuple[str, tuple[int, ...]]] = (),
     release_all: bool = False,
     force: bool = False,
+    jobs_too: bool = False,
 ) -> list[Claim]:
-    """Release the named claims (or all of one's own); another user's only with ``force``."""
+    """Release the named claims (or all of one's own); another user's only with ``force``.
+    A running job's claim is never released here (the job would keep running on GPUs shown
+    free: one GPU, two users): the job's end or ``kill`` releases it. ``--all`` leaves such
+    claims alone; naming one is an error with the kill hint. ``jobs_too`` is for the job
+    machinery itself, giving back the claims of a job that could not start."""
     snap = store.snapshot()
     targets: dict[str, ClaimStatus] = {}
     if release_all:
-        targets = {cid: s for cid, s in snap.claims.items() if s.claim.user == user}
-        if not targets:
+        mine = {cid: s for cid, s in snap.claims.items() if s.claim.user == user}
+        if not mine:
             raise GpuclaimError(f"{user} holds no claims")
+        targets = {cid: s for cid, s in mine.items() if jobs_too or not _held_by_a_job(s)}
+        if not targets:
+            raise GpuclaimError(
+                f"all of {user}'s claims belong to running jobs ({_job_names(store, mine)}): "
+                "they are released when the jobs end",
+                hint=f"stop them with 'gpuclaim kill {_job_names(store, mine).split(', ')[0]}'",
+            )
     for cid in claim_ids:
         if cid not in snap.claims:
             raise GpuclaimError(f"no claim {cid!r}", hint="see 'gpuclaim status'")
@@ -140,6 +167,15 @@ def release_claims(
     if not targets:
         raise UsageError("name a claim id, --gpu NODE:INDEX, or --all")
     for status in targets.values():
+        if not jobs_too and _held_by_a_job(status):
+            name = _job_names(store, {status.claim.id: status})
+            raise GpuclaimError(
+                f"claim {status.claim.id} ({status.claim.node} GPU "
+                f"{','.join(map(str, status.claim.indices))}) belongs to the running job "
+                f"{name}: it is released when the job ends",
+                hint=f"stop the job with 'gpuclaim kill {name}'",
+            )
+    for status in targets.values():
         if status.claim.user != user and not force:
             raise ConflictError(
                 f"claim {status.claim.id} belongs to {status.claim.user}",
@@ -159,6 +195,28 @@ def release_claims(
             store.append_event(claim_event(kind, status.claim, end, by=by))
             released.append(status.claim)
     return released
+
+
+def job_claims_of(store: Store, user: str) -> list[tuple[Claim, str]]:
+    """The user's claims that running jobs hold, with the jobs' names (what --all keeps)."""
+    snap = store.snapshot()
+    held = {cid: s for cid, s in snap.claims.items() if s.claim.user == user and _held_by_a_job(s)}
+    return [(s.claim, _job_names(store, {cid: s})) for cid, s in held.items()]
+
+
+def _held_by_a_job(status: ClaimStatus) -> bool:
+    """A job's claim that still holds (a lost job's stale claim may be cleaned up)."""
+    return bool(status.claim.job) and status.state == "claimed"
+
+
+def _job_names(store: Store, statuses: dict[str, ClaimStatus]) -> str:
+    names = []
+    for status in statuses.values():
+        data = store.load_job_dict(job_id=status.claim.job) if status.claim.job else None
+        name = str(data.get("name")) if data else str(status.claim.job)
+        if status.claim.job and name not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def extend_claims(

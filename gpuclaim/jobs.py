@@ -272,7 +272,7 @@ def place_and_claim(
             ranks.append(_rank(rank, claim_gpus(config, store, req, prober=_reuse(prober, view))))
     except GpuclaimError:
         for r in ranks:
-            release_claims(config, store, job.user, claim_ids=[r.claim_id or ""])
+            release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
         raise
     return ranks
 
@@ -561,7 +561,7 @@ def dispatch_queue(
         store.finish_queue_entry(name=entry)
         if not moved["applied"]:  # killed while we placed it
             for r in ranks:
-                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""])
+                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
             continue
         job = Job.from_dict(moved["job"])
         try:

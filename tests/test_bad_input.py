@@ -133,3 +133,17 @@ def test_driver_missing_node_is_a_row_and_exit_4(make_cluster):
     assert "NVIDIA driver" in rows[2]["reason"]
     # Claims still work on the healthy node.
     assert c.json("claim", "-n", "2")["node"] == "node01"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["claim", "--gpu", "node01:0,0"],
+        ["claim", "--gpu", "node01:1,0,1"],
+        ["release", "--gpu", "node01:0", "--gpu", "node01:0"],
+        ["release", "--gpu", "node01:2,2"],
+    ],
+)
+def test_a_gpu_listed_twice_is_bad_input(cluster, args):
+    _one_line_error(cluster.cli(*args), 2, "listed twice")
+    assert all(r["state"] == "free" for r in cluster.status())

@@ -214,6 +214,33 @@ def _processes_like(part: bytes) -> list[int]:
     return found
 
 
+def test_release_never_frees_the_gpus_under_a_running_job(jobs_cluster):
+    c = jobs_cluster
+    job = c.json("run", "-n", "1", "--node", "node01", "--name", "busy", "--", "sleep", "300")
+    _wait_state(c, "busy", {"running"})
+    plain = c.json("claim", "-n", "1", "--node", "node01", "--note", "by hand")
+    # --all releases the plain claim and keeps the job's, saying why and what to do
+    proc = c.cli("release", "--all")
+    assert proc.returncode == 0, proc.stderr
+    assert f"claim {plain['id']}" in proc.stdout
+    assert "Kept node01 GPU" in proc.stdout and "gpuclaim kill busy" in proc.stdout
+    # naming the job's claim, or its GPU, is refused with the job's name and the kill hint
+    claim_id = next(r["claim"]["id"] for r in c.status() if r["claim"])
+    gpu = job["gpus"][0]
+    for args in (["release", claim_id], ["release", "--gpu", f"node01:{gpu}"]):
+        refused = c.cli(*args)
+        assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
+        line = refused.stderr.strip()
+        assert "running job busy" in line and "gpuclaim kill busy" in line, line
+    assert c.cli("release", "--all").returncode == 1  # only the job's claim is left
+    # the GPU stays the job's: nobody else can claim it
+    row = next(r for r in c.status() if r["node"] == "node01" and r["index"] == gpu)
+    assert row["state"] == "claimed" and row["claim"]["job"], row
+    assert c.cli("claim", "--gpu", f"node01:{gpu}", user="bob").returncode == 3
+    c.ok("kill", "busy")
+    assert c.json("claim", "--gpu", f"node01:{gpu}", user="bob")["user"] == "bob"
+
+
 def test_kill_running_and_queued_jobs(jobs_cluster):
     c = jobs_cluster
     c.ok("run", "-n", "4", "--node", "node01", "--name", "long", "--", "sleep", "300")

@@ -83,10 +83,10 @@ def release(
     quiet: bool = quiet_option(),
 ) -> None:
     """Release claims: your own, or another user's with --force."""
-    from gpuclaim.claims import parse_gpu_spec, release_claims
+    from gpuclaim.claims import job_claims_of, parse_gpu_specs, release_claims
 
     st = state(ctx)
-    specs = [parse_gpu_spec(g) for g in gpu or ()]
+    specs = parse_gpu_specs(gpu or ())
     released = release_claims(
         st.config, st.store, st.user, claim_ids or (), specs, release_all, force
     )
@@ -100,6 +100,12 @@ def release(
     for c in released:
         whose = "" if c.user == st.user else f" (held by {c.user})"
         out().print(f"Released {c.node} GPU {','.join(map(str, c.indices))}, claim {c.id}{whose}.")
+    if release_all:
+        for c, job in job_claims_of(st.store, st.user):
+            out().print(
+                f"Kept {c.node} GPU {','.join(map(str, c.indices))}: the running job {job} holds "
+                f"it (it is released when the job ends; stop it with 'gpuclaim kill {job}')."
+            )
     if not released:
         out().print("Nothing to release: those claims were already gone.")
 
