@@ -13,6 +13,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     CONFLICT = 3  # nothing free, or someone else holds it
     UNREACHABLE = 4  # some nodes did not answer; the output still lists the rest
+    NAME_IN_USE = 5  # a running or queued job of yours already has that name
 
 
 class GpuclaimError(Exception):
@@ -43,6 +44,13 @@ class ConflictError(GpuclaimError):
     """Nothing free right now, or the GPU is held by someone else."""
 
     exit_code = ExitCode.CONFLICT
+
+
+class NameInUseError(GpuclaimError):
+    """A name the user picked is taken by one of their own running or queued jobs (or its
+    tmux session): not "nothing free", which is about GPUs, so not exit 3."""
+
+    exit_code = ExitCode.NAME_IN_USE
 
 
 class NeverFitsError(GpuclaimError):

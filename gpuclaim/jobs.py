@@ -20,6 +20,7 @@ from gpuclaim.config import Config, NodeConfig
 from gpuclaim.errors import (
     ConflictError,
     GpuclaimError,
+    NameInUseError,
     NeverFitsError,
     UnreachableError,
     UsageError,
@@ -144,7 +145,8 @@ def submit_job(
     ops: Optional[NodeOps] = None,
 ) -> Job:
     """Start the job now (claiming its GPUs), or queue it with ``req.queue``.
-    Without ``queue``, nothing free means ConflictError (exit 3) and no job is left behind."""
+    Without ``queue``, nothing free means ConflictError (exit 3) and no job is left behind; a
+    name already used by a running or queued job of the user's is NameInUseError (exit 5)."""
     if not req.argv:
         raise UsageError("give the command to run after --, e.g. gpuclaim run -- python train.py")
     name = validate_name(req.name or default_name(req.argv), "job name")
@@ -152,7 +154,7 @@ def submit_job(
         j.user == req.user and j.name == name and j.state in ACTIVE_JOB_STATES
         for j in load_jobs(store)
     ):
-        raise ConflictError(f"you already have a job named {name!r}", hint="pick another --name")
+        raise NameInUseError(f"you already have a job named {name!r}", hint="pick another --name")
     if req.nodes < 1 or req.count < 1:
         raise UsageError("-n and --nodes must be at least 1")
     if req.nodes > 1 and req.node:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.errors import ConflictError, GpuclaimError
+from gpuclaim.errors import GpuclaimError, NameInUseError
 
 FINAL_RANK_STATES = ("succeeded", "failed", "killed", "timeout", "lost")
 POLL_S = 0.5
@@ -64,7 +64,7 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     session = str(spec["session"])
     tmux = tmux_binary()
     if has_session(session):
-        raise ConflictError(f"a tmux session {session} is already running on this node")
+        raise NameInUseError(f"a tmux session {session} is already running on this node")
     job_dir = jobs_home() / str(job["id"]) / f"rank{rank}"
     job_dir.mkdir(parents=True, exist_ok=True)
     spec_path = job_dir / "spec.json"

@@ -271,7 +271,7 @@ def test_invalid_names_and_usage(jobs_cluster):
     assert proc.returncode == 2
     c.ok("run", "--name", "dup", "--", "sleep", "30")
     proc = c.cli("run", "--name", "dup", "--", "true")
-    assert proc.returncode == 3 and "already have a job named 'dup'" in proc.stderr
+    assert proc.returncode == 5 and "already have a job named 'dup'" in proc.stderr
     c.ok("kill", "dup")
 
 
