@@ -47,7 +47,7 @@ def _claim(store: ClaimStore, indices: list[int]) -> Claim:
 
 def primitive_latency(root: Path, repeat: int = 200) -> float:
     store = ClaimStore(root)
-    store.ensure()
+    store.ensure(create=True)
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def _racer(root: str, seconds: float, seed: int, results: mp.Queue) -> None:
 
 
 def racing(root: Path, workers: int, seconds: float) -> tuple[float, int, int, int]:
-    ClaimStore(root).ensure()
+    ClaimStore(root).ensure(create=True)
     ctx = mp.get_context("fork")
     results: mp.Queue = ctx.Queue()
     procs = [

@@ -92,11 +92,17 @@ def _storage_facts(root: Path) -> dict[str, Any]:
 
     store = ClaimStore(root)
     try:
-        store.ensure()
+        # Looked at, never made here: an empty directory at the path is a node that does
+        # not mount the shared storage, not a place for a store of its own.
+        if not root.is_dir():
+            return {"path": str(root), "ok": False, "error": f"{root} does not exist"}
+        if not (root / "VERSION").exists():
+            error = f"{root} holds no gpuclaim store (is the shared storage mounted there?)"
+            return {"path": str(root), "ok": False, "error": error}
         refusal = store.writable()
         if refusal:
             return {"path": str(root), "ok": False, "error": refusal}
-        return {"path": str(root), "ok": True, "time": store.now()}
+        return {"path": str(root), "ok": True, "time": store.now(), "id": store.store_id()}
     except GpuclaimError as exc:
         return {"path": str(root), "ok": False, "error": str(exc)}
 
@@ -144,7 +150,7 @@ def _claim_file(d: dict[str, Any]) -> Any:
 
 
 _STORE_METHODS: dict[str, Callable[[ClaimStore, dict[str, Any]], Any]] = {
-    "ensure": lambda s, a: s.ensure(),
+    "ensure": lambda s, a: s.ensure(create=bool(a.get("create"))),
     "now": lambda s, a: s.now(),
     "clock": lambda s, a: {"now": s.now(), "refusal": str(s.refusal) if s.refusal else None},
     "snapshot": lambda s, a: s.snapshot().to_dict(),

@@ -127,6 +127,7 @@ class Config:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
+    storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -195,6 +196,7 @@ def local_config() -> Config:
         cluster="local",
         nodes=(NodeConfig(name="localhost", host="localhost", transport="local"),),
         storage=str(paths.data_dir() / "store"),
+        storage_default=True,
     )
 
 
@@ -221,6 +223,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     nodes = tuple(_node(name, _table(node_tables, name, f"node.{name}")) for name in names)
 
     storage = raw.get("storage")
+    storage_default = storage is None
     if storage is None:
         storage = str(paths.data_dir() / "store")
     if not isinstance(storage, str) or not storage.strip():
@@ -244,6 +247,17 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     ssh_client = _str(raw, "ssh_client", "fabric")
     if ssh_client not in ("fabric", "openssh"):
         raise ConfigError(f'\'ssh_client\' must be "fabric" or "openssh", not {ssh_client!r}')
+    limits = _limits(_table(raw, "defaults"))
+    slack = _slack(_table(raw, "slack"))
+    idle = _idle(_table(raw, "idle"))
+    remote = [n.name for n in nodes if n.transport != "local"]
+    if storage_default and remote:
+        # This machine's own store would be a claim pool that the nodes never see.
+        raise ConfigError(
+            f"no 'storage' for a cluster with remote nodes ({', '.join(remote[:3])}): "
+            'set storage = "/shared/gpuclaim" (a directory every node and this machine '
+            'mount at that path) or storage = "ssh://NODE/srv/gpuclaim"'
+        )
     return Config(
         path=path,
         cluster=cluster,
@@ -253,10 +267,11 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         user=user,
         agent_command=agent_command,
         ssh_client=ssh_client,
-        limits=_limits(_table(raw, "defaults")),
-        slack=_slack(_table(raw, "slack")),
-        idle=_idle(_table(raw, "idle")),
+        limits=limits,
+        slack=slack,
+        idle=idle,
         raw=raw,
+        storage_default=storage_default,
     )
 
 
@@ -373,6 +388,8 @@ def _check_node_name(name: str) -> None:
 def _table(raw: dict[str, Any], key: str, label: Optional[str] = None) -> dict[str, Any]:
     value = raw.get(key, {})
     if not isinstance(value, dict):
+        if key == "node" and isinstance(value, list):  # the list of hosts is 'nodes'
+            raise ConfigError("'node' must be a table ([node.NAME]): did you mean 'nodes'?")
         raise ConfigError(f"'{label or key}' must be a table ([{label or key}])")
     return value
 
@@ -381,9 +398,36 @@ def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
     for key in table:
         if key not in known:
             place = f"[{where}]" if where else "the top level"
+            close = _closest(str(key), known)
+            if close:
+                raise ConfigError(f"unknown key {key!r} in {place}: did you mean {close!r}?")
             raise ConfigError(
                 f"unknown key {key!r} in {place}", hint=f"known keys: {', '.join(sorted(known))}"
             )
+
+
+def _closest(word: str, known: set[str]) -> Optional[str]:
+    """The known key a typo most likely meant: fewest edits (a swap of two neighbours is one),
+    then the closest length ('nodse' is 'nodes', not 'node'); at most 2 edits."""
+    ranked = sorted(
+        (_edits(word.lower(), candidate), abs(len(candidate) - len(word)), candidate)
+        for candidate in known
+    )
+    if ranked and ranked[0][0] <= min(2, len(ranked[0][2]) // 2):
+        return ranked[0][2]
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Damerau-Levenshtein distance (optimal string alignment)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
 
 
 def _str(table: dict[str, Any], key: str, default: str, prefix: str = "") -> str:

@@ -41,6 +41,7 @@ class NodeHealth:
 def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHealth]:
     """Check every node in parallel; never raises for a node's problem."""
     storage_offset = _storage_offset(store)
+    store_id = _store_id(store)
     by_name = {n.name: n for n in config.nodes}
     outcomes = fan_out(
         list(by_name),
@@ -56,7 +57,7 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
             health.problems.append((f"not reachable: {outcome.error}", fix))
         else:
             facts, offset = outcome.value
-            health = _judge(name, facts, offset, storage_offset, outcome.seconds)
+            health = _judge(name, facts, offset, storage_offset, outcome.seconds, store_id)
         report.append(health)
     return report
 
@@ -86,7 +87,12 @@ def _check(config: Config, prober: NodeProber, node: NodeConfig) -> tuple[dict[s
 
 
 def _judge(
-    name: str, facts: dict[str, Any], offset: float, storage_offset: Optional[float], secs: float
+    name: str,
+    facts: dict[str, Any],
+    offset: float,
+    storage_offset: Optional[float],
+    secs: float,
+    store_id: Optional[str] = None,
 ) -> NodeHealth:
     inv = NodeInventory.from_dict(facts["inventory"]) if facts.get("inventory") else None
     h = NodeHealth(
@@ -113,7 +119,17 @@ def _judge(
         h.problems.append(("no GPUs found", "check nvidia-smi -L on the node"))
     storage = facts.get("storage")
     if storage is not None:
-        if storage.get("ok"):
+        seen_id = storage.get("id")
+        if storage.get("ok") and store_id and seen_id and seen_id != store_id:
+            # the same path, another store: claims made there are invisible here
+            h.storage = f"another store at {storage.get('path')} (id {seen_id}, here {store_id})"
+            h.problems.append(
+                (
+                    f"storage: {h.storage}: two claim pools that never see each other",
+                    "mount the shared storage at the same path on the node",
+                )
+            )
+        elif storage.get("ok"):
             h.storage = "ok"
             if storage_offset is not None:
                 h.clock_skew_s = offset - storage_offset
@@ -133,6 +149,13 @@ def _judge(
             )
         )
     return h
+
+
+def _store_id(store: Store) -> Optional[str]:
+    try:
+        return store.store_id()
+    except GpuclaimError:
+        return None
 
 
 def _storage_offset(store: Store) -> Optional[float]:

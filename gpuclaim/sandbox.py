@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclaim.configfile import render_config
+from gpuclaim.store import ClaimStore
 
 # Pids above the kernel's pid_max (4194304) never exist, so no real process is mistaken for
 # the simulated colleague's training run.
@@ -72,4 +73,5 @@ def create_sandbox(directory: Path, reset: bool = False) -> Path:
         ),
     )
     config_path.write_text(text, encoding="utf-8")
+    ClaimStore(directory / "store").ensure(create=True)
     return config_path

@@ -47,6 +47,7 @@ from gpuclaim.model import Claim, Event
 FILE_MODE = 0o664
 DIR_MODE = 0o2775
 LAYOUT_VERSION = 1
+STORE_ID_FILE = "ID"
 INCOMPLETE_GRACE_S = 60.0  # an incomplete claim older than this is abandoned
 LOCK_BREAK_S = 30.0  # a removal lock older than this is broken (its holder died)
 LOCK_WAIT_S = 10.0
@@ -87,6 +88,7 @@ PLAIN_METHODS = frozenset(
         "record_usage",
         "usage_summaries",
         "writable",
+        "store_id",
     }
 )
 
@@ -205,7 +207,7 @@ class Store(Protocol):
     root: Path
     refusal: Optional[StorageRefusesWrites]  # known once now() has run
 
-    def ensure(self) -> None: ...
+    def ensure(self, create: bool = False) -> None: ...
     def now(self) -> float: ...
     def snapshot(self) -> Snapshot: ...
     def acquire(self, claim: Claim) -> None: ...
@@ -241,6 +243,7 @@ class Store(Protocol):
     def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None: ...
     def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]: ...
     def writable(self) -> Optional[str]: ...
+    def store_id(self) -> Optional[str]: ...
 
 
 class ClaimStore:
@@ -255,13 +258,18 @@ class ClaimStore:
         self.refusal: Optional[StorageRefusesWrites] = None
 
     # -- layout -------------------------------------------------------------------------------
-    def ensure(self) -> None:
-        """Create the layout (group-shared) unless it is there: one stat once it is.
+    def ensure(self, create: bool = False) -> None:
+        """Make the layout (group-shared) unless it is there: one read once it is.
 
         ``VERSION`` is written last, so its presence means the whole layout exists; a store
         whose layout is complete is never written to just to look at it (a read-only or full
         file system can still be read, and sshfs/NFS may answer ``mkdir`` of an existing
-        directory with EPERM or EACCES instead of EEXIST)."""
+        directory with EPERM or EACCES instead of EEXIST).
+
+        A store is made only inside a directory that exists (empty, as an admin makes it, or
+        a store already): a typo in ``storage`` must not start a private store that splits
+        the team. Only ``create`` (init, the demo, the no-config default) makes the directory.
+        """
         version = self.root / "VERSION"
         try:
             if _read_stale_safe(version).strip() == str(LAYOUT_VERSION).encode():
@@ -270,17 +278,73 @@ class ClaimStore:
             pass
         except OSError as exc:
             raise storage_error(self.root, exc, "read") from exc
+        if not self.root.is_dir():
+            if not create:
+                raise StoreError(
+                    f"storage {self.root} does not exist",
+                    hint=(
+                        "check 'storage' in your config for a typo; to start a new store, make "
+                        f"the directory first: mkdir -p {self.root} && chmod 2775 {self.root}"
+                    ),
+                )
+            try:
+                self.root.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise storage_error(self.root, exc) from exc
+        else:
+            self._check_not_foreign()
         try:
             _mkdir_shared(self.root)
             for sub in _SUBDIRS:
                 _mkdir_shared(self.root / sub)
             _mkdir_shared(self.root / "notify" / "seen")
+            self._stamp_id()
             try:
                 self._write_new(version, f"{LAYOUT_VERSION}\n".encode())
             except FileExistsError:
                 pass  # another process made the store at the same moment
         except OSError as exc:
             raise storage_error(self.root, exc) from exc
+
+    def _check_not_foreign(self) -> None:
+        """An existing directory that holds other things is not where a store goes."""
+        try:
+            names = os.listdir(self.root)
+        except OSError as exc:
+            raise storage_error(self.root, exc, "read") from exc
+        ours = {*_SUBDIRS, "VERSION", STORE_ID_FILE}
+        foreign = sorted(n for n in names if n not in ours and not n.startswith("."))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise StoreError(
+                f"storage {self.root} is not a gpuclaim store and not empty (it holds {shown})",
+                hint="point 'storage' at an existing store or at an empty directory",
+            )
+
+    def _stamp_id(self) -> str:
+        """The store's id, made once: every node must see the same one at the same path."""
+        path = self.root / STORE_ID_FILE
+        staged = self._stage(f"{_nonce()}{_nonce()}\n".encode())
+        try:
+            _link_exclusive(staged, path)  # whole or not at all: a racing maker reads one id
+        finally:
+            _discard(staged)
+        return path.read_text("ascii").strip()
+
+    def store_id(self, stamp: bool = True) -> Optional[str]:
+        """The id stamped when the store was made (with ``stamp``, stamped now in a store
+        from before ids); None if there is none."""
+        try:
+            return (self.root / STORE_ID_FILE).read_text("ascii").strip() or None
+        except FileNotFoundError:
+            if not stamp or not (self.root / "VERSION").exists():
+                return None
+        except OSError:
+            return None
+        try:
+            return self._stamp_id()
+        except (OSError, StoreError):
+            return None
 
     def _p(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)

@@ -134,6 +134,7 @@ class SimCluster(CliDriver):
         self.home.mkdir(parents=True, exist_ok=True)
         self.state_path = self.root / "gpus.json"
         self.storage = self.root / "store"
+        self.storage.mkdir(mode=0o2775)  # as an admin makes a store's directory
         self.config_path = self.root / "config.toml"
         self.write_state()
         self.write_config()
@@ -243,6 +244,7 @@ class RemoteCluster(CliDriver):
         self.home = root / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.storage = root / "store"
+        self.storage.mkdir(mode=0o2775)  # as an admin makes a store's directory
         self.config_path = root / "config.toml"
         self.nodes = nodes or list(testbed.nodes)
         text = render_config(

@@ -71,7 +71,7 @@ def synthetic_cluster(
         storage=str(root / "store"),
     )
     store = PinnedStore(root / "store", root / "locks")
-    store.ensure()
+    store.ensure(create=True)
     inventories: dict[str, NodeInventory] = {}
     k = 0
     for i, name in enumerate(names, 1):

@@ -237,7 +237,16 @@ def test_paths_that_cannot_be_used_are_one_line(cluster: Any, tmp_path: Path) ->
     a_file.write_text("")
     one_line_error(run(cluster, "demo", "--dir", str(a_file / "demo")), 1, "--dir")
     one_line_error(
-        run(cluster, "--config", str(a_file / "cfg.toml"), "init", "--nodes", "n1"),
+        run(
+            cluster,
+            "--config",
+            str(a_file / "cfg.toml"),
+            "init",
+            "--nodes",
+            "n1",
+            "--storage",
+            "ssh://n1/srv/gc",
+        ),
         1,
         f"cannot write the config {a_file / 'cfg.toml'}",
     )

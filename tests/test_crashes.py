@@ -56,7 +56,7 @@ def test_sigkill_at_random_points_leaves_whole_claims_or_none(make_cluster):
     cluster = make_cluster({"node01": 4}, fast=True)
     env = cluster.env()
     store = ClaimStore(cluster.storage)
-    store.ensure()
+    store.ensure(create=True)
     ctx = mp.get_context("fork")
     rng = random.Random(1234)
     partial_seen = 0
@@ -88,7 +88,7 @@ def test_killed_cli_process_mid_claim(make_cluster):
     """Whole `gpuclaim claim` processes killed at random moments, then `gc` and `status`."""
     cluster = make_cluster({"node01": 4}, fast=True)
     store = ClaimStore(cluster.storage)
-    store.ensure()
+    store.ensure(create=True)
     rng = random.Random(7)
     for _ in range(12):
         proc = subprocess.Popen(
@@ -143,7 +143,7 @@ def _store_loop(root: str, seed: int) -> None:
 @pytest.mark.slow
 def test_sigkill_inside_store_operations(tmp_path):
     store = ClaimStore(tmp_path / "store")
-    store.ensure()
+    store.ensure(create=True)
     ctx = mp.get_context("fork")
     rng = random.Random(99)
     partial_seen = 0
@@ -175,7 +175,7 @@ def test_sigkill_of_run_and_queue_dispatch_leaves_true_states(make_cluster):
     GPUs end up free or wholly claimed, and no job is left looking alive when it is not."""
     cluster = make_cluster({"node01": 3}, fast=True, kill_grace="1s", heartbeat="1s")
     store = ClaimStore(cluster.storage)
-    store.ensure()
+    store.ensure(create=True)
     rng = random.Random(42)
     for trial in range(RUN_TRIALS):
         queue = ["--queue"] if trial % 3 == 0 else []

@@ -76,6 +76,7 @@ def small_storage(make_cluster, tmp_path):
     text = c.config_path.read_text().replace(str(c.storage), str(mnt / "store"))
     c.config_path.write_text(text)
     c.storage = mnt / "store"
+    c.storage.mkdir()
     yield c, mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
@@ -138,7 +139,7 @@ def test_read_only_storage_looking_works_acting_fails_nothing_changes(small_stor
 
 def test_read_only_storage_without_a_layout_yet_still_answers_status(small_storage):
     c, mnt = small_storage
-    c.storage.mkdir()  # the admin made it; nobody has used it yet
+    # the admin made the directory (the fixture did); nobody has used it yet
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
     try:
         proc = c.cli("status", "--json")
@@ -227,6 +228,7 @@ def test_racing_claims_through_sshfs_mounts_from_several_nodes(make_testbed, mak
                 timeout=30,
             )
             mounts.append(mnt)
+        (mounts[0] / "store").mkdir()  # the admin's mkdir, seen through every mount
         clusters = [make_remote(tb, nodes=["node01"], storage=str(m / "store")) for m in mounts]
         clusters[0].ok("status")
         for _ in range(4):

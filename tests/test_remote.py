@@ -100,6 +100,20 @@ def test_unreachable_node_is_a_row_and_exit_4(testbed, make_remote):
     assert c.json("claim", "-n", "4")["node"] in ("node01", "node03")
 
 
+def test_an_unknown_host_is_named_once(testbed, make_remote):
+    extra = "\nHost nowhere\n    HostName nowhere.invalid\n"
+    testbed.ssh_config.write_text(testbed.ssh_config.read_text() + extra)
+    c = make_remote(testbed, nodes=["node01", "nowhere"])
+    proc = c.cli("status")
+    assert proc.returncode == 4, proc.stderr
+    rows = proc.stdout.splitlines()
+    (line,) = [x for x in rows if "unknown host" in x and "unreachable" not in x]
+    assert line.startswith("nowhere: unknown host") and line.count("nowhere") == 1, line
+    doctor = c.cli("doctor")
+    assert "ssh nowhere true" in doctor.stdout, doctor.stdout  # the fix names the node
+    assert "HOST" not in doctor.stdout
+
+
 def test_hung_node_is_bounded_by_the_deadline(testbed, make_remote):
     # sshd answers but nvidia-smi hangs: the probe timeout and the deadline bound it.
     testbed.set_node("node01", delay_ms=60_000)
@@ -236,6 +250,7 @@ def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote):
 
 def test_storage_over_ssh_claim_release_and_clock(testbed, make_remote):
     root = testbed.dir / "srv-store"
+    root.mkdir()  # as the admin makes it on the storage host
     c = make_remote(testbed, storage=f"ssh://node01{root}")
     claim = c.json("claim", "-n", "1", "--node", "node03", "--time", "1h")
     # The claim file lives on the storage host, written there by the agent.
@@ -271,6 +286,7 @@ def _ssh_racer(env: dict, user: str, rounds: int, barrier, out: str, seed: int) 
 
 def test_two_users_racing_through_ssh_storage_never_share(testbed, make_remote, tmp_path):
     root = testbed.dir / "race-store"
+    root.mkdir()
     c = make_remote(testbed, storage=f"ssh://node01{root}")
     rounds, workers = 12, 4
     ctx = mp.get_context("fork")

@@ -131,11 +131,12 @@ class AppState:
                 from gpuclaim.store import ClaimStore
 
                 store = ClaimStore(self.config.storage_path, host_lock_dir())
+            create = self.config.storage_default  # only this machine's own default store
             if self.looking:
                 with self.side_work():  # a layout it cannot make: read what is there
-                    store.ensure()
+                    store.ensure(create=create)
             else:
-                store.ensure()
+                store.ensure(create=create)
             self._store = store
         return self._store
 

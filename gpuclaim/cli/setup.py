@@ -33,7 +33,8 @@ def init(
     slack_webhook: Optional[str] = typer.Option(None, "--slack-webhook", help="Webhook URL."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config."),
 ) -> None:
-    """Write a config file (asks for what is missing when run in a terminal)."""
+    """Write a config file and make the store (asks for what is missing in a terminal)."""
+    from gpuclaim.config import LOCAL_NAMES
     from gpuclaim.configfile import render_config
 
     target = state(ctx).config_path or paths.config_path()
@@ -46,16 +47,29 @@ def init(
             if interactive
             else "localhost"
         )
-    if storage is None:
-        default_storage = str(paths.data_dir() / "store")
-        storage = (
-            typer.prompt("Shared storage directory", default=default_storage)
-            if interactive
-            else default_storage
-        )
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
     if not node_list:
         raise UsageError("--nodes needs at least one host")
+    remote = [n for n in node_list if n not in LOCAL_NAMES]
+    if storage is None:
+        if remote:
+            # No default here: this machine's own directory is a store the nodes never see.
+            if not interactive:
+                raise UsageError(
+                    "--storage is needed with remote nodes: a directory every node and this "
+                    f"machine mount at the same path, or ssh://{remote[0]}/srv/gpuclaim"
+                )
+            storage = typer.prompt(
+                "Shared storage (a directory every node mounts at this path, "
+                f"or ssh://{remote[0]}/srv/gpuclaim)"
+            )
+        else:
+            default_storage = str(paths.data_dir() / "store")
+            storage = (
+                typer.prompt("Storage directory", default=default_storage)
+                if interactive
+                else default_storage
+            )
     defaults: dict[str, object] = {}
     for key, value in (("time", default_time), ("max_time", max_time)):
         if value is not None:
@@ -83,7 +97,28 @@ def init(
             f"cannot write the config {target}: {exc.strerror}",
             hint="name another file with --config or $GPUCLAIM_CONFIG",
         ) from exc
-    out().print(f"Wrote {target}. Next: 'gpuclaim status'.")
+    made = _make_store(storage, remote)
+    out().print(f"Wrote {target}{made}. Next: 'gpuclaim doctor', then 'gpuclaim status'.")
+
+
+def _make_store(storage: str, remote: list[str]) -> str:
+    """init is where a store's directory is made (every other command refuses a missing one:
+    a typo must not start a second, private store). ssh:// storage is made on its host by the
+    first command that reaches it, inside the directory the admin made there."""
+    from gpuclaim.store import ClaimStore
+
+    if storage.startswith("ssh://"):
+        return ""
+    root = Path(storage).expanduser()
+    try:
+        ClaimStore(root).ensure(create=True)
+    except GpuclaimError as exc:
+        raise GpuclaimError(
+            f"wrote the config, but cannot make the store: {exc.message}",
+            hint=f"as an admin: mkdir -p {root} && chgrp YOURGROUP {root} && chmod 2775 {root}",
+        ) from exc
+    where = " on every node" if remote else ""
+    return f" and the store {root} (it must be this same directory{where})"
 
 
 def demo(

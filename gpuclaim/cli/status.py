@@ -56,7 +56,9 @@ def status(
         console.print(f"[bold]{cfg.cluster}[/bold]: {status_summary(view)}")
         console.print(status_table(view, view.snapshot.now, usage))
         for name in view.unreachable:
-            console.print(f"[red]{name}: {view.inventories[name].error}[/red]")
+            error = str(view.inventories[name].error)
+            said = error if error.startswith(f"{name}:") else f"{name}: {error}"
+            console.print(said, style="red", markup=False)
         with st.side_work():
             _advise_slurm_once(view, st.store, console)
     if view.unreachable:

@@ -49,8 +49,8 @@ class RemoteStore:
             return lambda **kwargs: self._call(name, **kwargs)
         raise AttributeError(name)
 
-    def ensure(self) -> None:
-        self._call("ensure")
+    def ensure(self, create: bool = False) -> None:
+        self._call("ensure", create=create)
 
     def now(self) -> float:
         """The storage host's clock, measured once per process (one round trip)."""
