@@ -9,6 +9,7 @@ be closed the whole time. Standard library only, Python 3.9.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -288,8 +289,9 @@ class Wrapper:
     def _supervise(self, env: dict[str, str], log: Any) -> int:
         started = self.store.now()
         deadline = time.monotonic() + self.job.time_limit_s
-        cwd = self.job.workdir or str(Path.home())
+        cwd = str(Path(self.job.workdir).expanduser()) if self.job.workdir else str(Path.home())
         try:
+            self._check_workdir(cwd)
             argv = self._resolve_argv()
         except GpuclaimError as exc:
             log.write(f"gpuclaim: {exc}\n".encode())
@@ -308,9 +310,9 @@ class Wrapper:
                     start_new_session=True,  # its own process group: we signal all of it
                 )
         except OSError as exc:
-            message = f"cannot start {argv[0]!r}: {exc.strerror}"
+            message, code = self._start_error(exc, argv[0], cwd)
             log.write(f"gpuclaim: {message}\n".encode())
-            return self._finish("failed", 127, message)
+            return self._finish("failed", code, message)
         self._record_start(started)
         next_beat = time.monotonic() + self.beat_s
         next_sample = time.monotonic() + self.sample_s
@@ -357,6 +359,23 @@ class Wrapper:
         if code == 0:
             return self._finish("succeeded", 0, "")
         return self._finish("failed", exit_code, f"exit status {exit_code}")
+
+    def _check_workdir(self, cwd: str) -> None:
+        """Say which path is missing, and where: not ``cannot start 'python3'``."""
+        if not Path(cwd).is_dir():
+            what = "is not a directory" if Path(cwd).exists() else "does not exist"
+            raise GpuclaimError(f"workdir {cwd} {what} on {self.me.node}")
+
+    def _start_error(self, exc: OSError, program: str, cwd: str) -> tuple[str, Optional[int]]:
+        """The message and exit code of a command that could not start: as a shell says it,
+        127 for a command that is not there, 126 for one that cannot run."""
+        if exc.filename == cwd:  # the workdir, which went away or cannot be entered
+            return f"cannot enter workdir {cwd} on {self.me.node}: {exc.strerror}", None
+        where = f"cannot start {program!r} on {self.me.node}"
+        if exc.errno == errno.ENOENT:
+            hint = "" if "/" in program else " (not on the PATH there)"
+            return f"{where}: {exc.strerror}{hint}", 127
+        return f"{where}: {exc.strerror}", 126
 
     def _pump(self, out: Any, log: Any, timeout: float, drain: bool = False) -> None:
         fd = out.fileno()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -47,7 +48,7 @@ def run(
         nodes=nodes,
         node=node,
         time_s=parse_duration(time_) if time_ else None,
-        workdir=workdir,
+        workdir=_absolute_workdir(workdir),
         env=_parse_env(env or []),
         visible_as="uuid" if uuids else "index",
         queue=queue or wait,
@@ -324,6 +325,25 @@ def notebook(
         f"  {tunnel}\n"
         f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
     )
+
+
+def _absolute_workdir(workdir: Optional[str]) -> Optional[str]:
+    """A relative --workdir means the directory ``run`` was typed in, here on the laptop, so
+    the job gets it as an absolute path (as the shell's ``$PWD`` spells it, symlinks kept,
+    when that is this directory). ``~`` stays for the node to expand: its home, as in ssh."""
+    if workdir is None or workdir.startswith("~") or Path(workdir).is_absolute():
+        return workdir
+    if not workdir:
+        raise UsageError("--workdir wants a directory, e.g. --workdir . for this one")
+    here = Path.cwd()
+    pwd = os.environ.get("PWD")
+    if pwd and Path(pwd).is_absolute():
+        try:
+            if Path(pwd).samefile(here):
+                here = Path(pwd)
+        except OSError:
+            pass
+    return os.path.normpath(here / workdir)
 
 
 def _parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
