@@ -80,7 +80,8 @@ def claim_gpus(
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
     duration = _checked_duration(config, req.duration_s)
     nodes = _candidate_nodes(config, req)
-    view = build_view(config, store, nodes, prober=prober)
+    fits = req.count if not (req.exact or req.adopt) else None
+    view = build_view(config, store, nodes, prober=prober, fits=fits)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         if req.adopt:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuclaim.config import Config, Limits, NodeConfig
 from gpuclaim.liveness import wrapper_gone
 from gpuclaim.model import Claim, Gpu, GpuProcess, NodeInventory, iso
-from gpuclaim.remote.fanout import fan_out
+from gpuclaim.remote.fanout import Outcome, fan_out
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 if TYPE_CHECKING:
@@ -79,13 +79,25 @@ class NodeProber:
             self._agent = open_agent(self.config)
         return self._agent
 
-    def probe(self, nodes: Sequence[NodeConfig]) -> dict[str, NodeInventory]:
-        """Every node answers with its inventory, or is marked unreachable with the reason."""
+    def probe(
+        self,
+        nodes: Sequence[NodeConfig],
+        enough: Optional[Callable[[dict[str, NodeInventory]], bool]] = None,
+    ) -> dict[str, NodeInventory]:
+        """Every node answers with its inventory, or is marked unreachable with the reason.
+        ``enough(answers so far)``: stop waiting for slow nodes once it holds (see fan_out)."""
         by_name = {n.name: n for n in nodes}
+
+        def answered_enough(outcomes: dict[str, Outcome[NodeInventory]]) -> bool:
+            assert enough is not None
+            good = {n: o.value for n, o in outcomes.items() if o.ok and o.value is not None}
+            return enough({n: v for n, v in good.items() if not v.error})
+
         outcomes = fan_out(
             list(by_name),
             lambda name: self._probe_one(by_name[name]),
             self.config.limits.deadline_s,
+            answered_enough if enough is not None else None,
         )
         result = {}
         for name, outcome in outcomes.items():
@@ -120,11 +132,31 @@ def build_view(
     nodes: Optional[Sequence[NodeConfig]] = None,
     inventories: Optional[dict[str, NodeInventory]] = None,
     prober: Optional[NodeProber] = None,
+    fits: Optional[int] = None,
 ) -> ClusterView:
-    """Probe (unless given inventories), read the store, and judge every GPU."""
+    """Probe (unless given inventories), read the store, and judge every GPU. With ``fits``,
+    nodes still answering once one that answered has that many free GPUs are not waited for
+    (a claim that fits elsewhere does not wait on a hanging node)."""
     selected = list(config.nodes) if nodes is None else list(nodes)
     if inventories is None:
-        inventories = (prober or NodeProber(config)).probe(selected)
+        enough = None
+        if fits is not None:
+            early = store.snapshot()
+
+            def enough(answers: dict[str, NodeInventory]) -> bool:
+                return any(
+                    sum(
+                        1
+                        for g in inv.gpus
+                        if g.uuid not in early.files
+                        and not is_busy(g, foreign_processes(g, config.limits), config.limits)
+                    )
+                    >= fits
+                    for name, inv in answers.items()
+                    if name not in early.drains
+                )
+
+        inventories = (prober or NodeProber(config)).probe(selected, enough)
     snap = mark_lost_jobs(store.snapshot(), inventories)
     rows: list[GpuRow] = []
     seen: set[str] = set()

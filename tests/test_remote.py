@@ -128,13 +128,11 @@ def test_hung_node_is_bounded_by_the_deadline(testbed, make_remote):
     assert took < 6 + 3
 
 
-def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testbed, make_remote):
-    # A node whose kernel accepts TCP but whose sshd never speaks (frozen, swapping to death).
-    c = make_remote(testbed, connect_timeout="2s")
-    # node01 answers slowly, so the CLI is still running when paramiko's thread gives up
-    testbed.set_node("node01", delay_ms=3500)
-    port = testbed.ports["node02"]
-    testbed.stop_node("node02")
+@contextlib.contextmanager
+def _frozen(testbed, node: str):
+    """The node's kernel accepts TCP but its sshd never speaks (frozen, swapping to death)."""
+    port = testbed.ports[node]
+    testbed.stop_node(node)
     held: list[socket.socket] = []
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,10 +145,20 @@ def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testb
                     held.append(server.accept()[0])
 
         threading.Thread(target=accept_and_stay_silent, daemon=True).start()
+        try:
+            yield
+        finally:
+            for conn in held:
+                conn.close()
+
+
+def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testbed, make_remote):
+    c = make_remote(testbed, connect_timeout="2s")
+    # node01 answers slowly, so the CLI is still running when paramiko's thread gives up
+    testbed.set_node("node01", delay_ms=3500)
+    with _frozen(testbed, "node02"):
         proc = c.cli("status", "--json")
         debug = c.cli("--debug", "status", "--json")
-    for conn in held:
-        conn.close()
     assert proc.returncode == 4, proc.stderr
     rows = [r for r in json.loads(proc.stdout) if r["node"] == "node02"]
     assert rows and all(r["state"] == "unreachable" for r in rows)
@@ -161,6 +169,26 @@ def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testb
     # ... unless --debug asks for everything.
     assert debug.returncode == 4
     assert "banner" in debug.stderr.lower(), debug.stderr
+
+
+def test_a_claim_that_fits_elsewhere_does_not_wait_for_a_hanging_node(testbed, make_remote):
+    c = make_remote(testbed, connect_timeout="6s")
+    c.ok("status")  # warm: the agent is on every node
+    with _frozen(testbed, "node02"):
+        t0 = time.monotonic()
+        claim = c.json("claim", "-n", "2")
+        took = time.monotonic() - t0
+        assert claim["node"] in ("node01", "node03")
+        assert took < 4, took  # well under the 6 s the frozen node would cost
+        # what needs the frozen node still waits for it, and says why it failed
+        t0 = time.monotonic()
+        pinned = c.cli("claim", "-n", "1", "--node", "node02")
+        assert time.monotonic() - t0 >= 5.5
+        assert pinned.returncode != 0 and "node02" in pinned.stderr, pinned.stderr
+        # and a look at everything waits for everything
+        status = c.cli("status", "--json")
+        assert status.returncode == 4
+    c.ok("release", claim["id"])
 
 
 def test_fan_out_is_parallel(make_testbed, make_remote):

@@ -28,14 +28,22 @@ class Outcome(Generic[T]):
 
 
 def fan_out(
-    nodes: Sequence[str], call: Callable[[str], T], deadline_s: float
+    nodes: Sequence[str],
+    call: Callable[[str], T],
+    deadline_s: float,
+    enough: Optional[Callable[[dict[str, Outcome[T]]], bool]] = None,
 ) -> dict[str, Outcome[T]]:
     """Run ``call(node)`` for all nodes in parallel daemon threads. A node not done by the
     deadline is reported as timed out; its thread is abandoned (daemon: it never holds up
-    the process's exit, unlike a ThreadPoolExecutor's workers)."""
+    the process's exit, unlike a ThreadPoolExecutor's workers).
+
+    With ``enough``: once the answers so far are enough (a claim fits on one of them), the
+    slower nodes get a short grace (half again the time the answers took, at least 0.3 s)
+    and are then skipped, so a hanging node does not hold up what does not need it."""
     results: dict[str, Outcome[T]] = {}
     done = threading.Condition()
     start = time.monotonic()
+    enough_at: Optional[float] = None
 
     def worker(node: str) -> None:
         t0 = time.monotonic()
@@ -55,14 +63,24 @@ def fan_out(
         threading.Thread(target=worker, args=(node,), name=f"fanout-{node}", daemon=True).start()
     with done:
         while len(results) < len(nodes):
-            left = deadline_s - (time.monotonic() - start)
+            now = time.monotonic()
+            left = deadline_s - (now - start)
+            if enough is not None and enough_at is None and enough(dict(results)):
+                enough_at = now + max(0.3, 0.5 * (now - start))
+            if enough_at is not None:
+                left = min(left, enough_at - now)
             if left <= 0:
                 break
             done.wait(left)
         final = dict(results)
+        skipped = enough_at is not None and time.monotonic() - start < deadline_s
+    waited = time.monotonic() - start
     for node in nodes:
         if node not in final:
-            final[node] = Outcome(
-                node, error=f"no answer within {deadline_s:.0f}s", seconds=deadline_s
+            error = (
+                f"not needed: no answer within {waited:.1f}s"
+                if skipped
+                else f"no answer within {deadline_s:.0f}s"
             )
+            final[node] = Outcome(node, error=error, seconds=waited)
     return final
