@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -665,11 +665,17 @@ class _CachedProber(NodeProber):
         self.inner = inner
         self.view = view
 
-    def probe(self, nodes: Sequence[NodeConfig]) -> dict[str, Any]:
+    def probe(
+        self,
+        nodes: Sequence[NodeConfig],
+        enough: Optional[Callable[[dict[str, Any]], bool]] = None,
+    ) -> dict[str, Any]:
         missing = [n for n in nodes if n.name not in self.view.inventories]
         result = {
             n.name: self.view.inventories[n.name] for n in nodes if n.name in self.view.inventories
         }
         if missing:
-            result.update(self.inner.probe(missing))
+            cached = dict(result)  # ``enough`` judges the cached answers and the new ones
+            judge = None if enough is None else (lambda answers: enough({**cached, **answers}))
+            result.update(self.inner.probe(missing, judge))
         return result
