@@ -79,6 +79,16 @@ class NodeConfig:
     nvidia_smi: tuple[str, ...] = ()  # argv to use instead of NVML / plain nvidia-smi
     env: tuple[tuple[str, str], ...] = ()
 
+    def is_this_machine(self) -> bool:
+        """Local, or an SSH alias that names the machine this runs on (node01 typing
+        'gpuclaim claim --short' on node01)."""
+        if self.transport == "local" or self.host in LOCAL_NAMES:
+            return True
+        import socket
+
+        names = {socket.gethostname(), socket.gethostname().split(".")[0]}  # no DNS: fast
+        return self.name in names or self.host in names
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -25,6 +25,8 @@ class Interval:
     start: float
     end: float
     open: bool  # still held now
+    note: str = ""
+    job: str = ""  # the job's name, for a job's claim
 
     @property
     def gpu_hours(self) -> float:
@@ -40,7 +42,15 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
         if ev.claim_id in intervals:
             continue  # a claim ends once; a second end record (a race in gc) is not double pay
         intervals[ev.claim_id] = Interval(
-            ev.claim_id, ev.user, ev.node or "?", len(ev.gpus), ev.since, ev.ts, False
+            ev.claim_id,
+            ev.user,
+            ev.node or "?",
+            len(ev.gpus),
+            ev.since,
+            ev.ts,
+            False,
+            str(ev.extra.get("note") or ""),
+            _job_of(str(ev.extra.get("note") or "")),
         )
     if snap is not None:
         for cid, status in snap.claims.items():
@@ -48,8 +58,15 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
                 continue
             c = status.claim
             end = min(snap.now, c.expires)
-            intervals[cid] = Interval(cid, c.user, c.node, len(c.gpus), c.since, end, True)
+            intervals[cid] = Interval(
+                cid, c.user, c.node, len(c.gpus), c.since, end, True, c.note, _job_of(c.note)
+            )
     return sorted(intervals.values(), key=lambda i: i.start)
+
+
+def _job_of(note: str) -> str:
+    """A job's claims carry the note 'job NAME' or 'job NAME rank K' (jobs.place_and_claim)."""
+    return note[4:].split(" rank ", 1)[0] if note.startswith("job ") else ""
 
 
 def summarize(
@@ -140,4 +157,6 @@ def interval_dict(iv: Interval) -> dict[str, Any]:
         "end": iso(iv.end),
         "open": iv.open,
         "gpu_hours": round(iv.gpu_hours, 3),
+        "job": iv.job or None,
+        "note": iv.note if iv.note and not iv.job else None,
     }

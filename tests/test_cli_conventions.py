@@ -12,6 +12,7 @@ import re
 import select
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,38 @@ def test_every_command_has_clean_help_in_a_pipe(cluster: Any) -> None:
         assert proc.stdout.startswith(f"Usage: {' '.join(('gpuclaim', *path))} "), path
         assert ESC not in proc.stdout, path
         assert "╭" not in proc.stdout, path  # no rich boxes either
+        # a command list shows each description whole, even at 80 columns in a pipe
+        listed = proc.stdout.split("Commands:", 1)[1] if "Commands:" in proc.stdout else ""
+        assert "..." not in listed, (path, listed)
+
+
+def test_piped_tables_have_no_trailing_spaces(cluster: Any) -> None:
+    cluster.ok("claim", "-n", "1", "--note", "x")
+    cluster.ok("run", "--name", "t", "--", "true")
+    for args in (["status"], ["jobs", "--all"], ["history"], ["history", "--claims"], ["doctor"]):
+        proc = run(cluster, *args)
+        assert proc.returncode in (0, 1), (args, proc.stderr)
+        lines = proc.stdout.splitlines()
+        assert len(lines) >= 2, (args, proc.stdout)
+        assert [line for line in lines if line != line.rstrip()] == [], args
+
+
+def test_history_of_claims_has_a_header_and_says_what_each_was_for(cluster: Any) -> None:
+    cluster.ok("claim", "-n", "1", "--note", "bert sweep")
+    cluster.ok("release", "--all")
+    cluster.ok("run", "--name", "tiny", "--", "true")
+    deadline = time.monotonic() + 20
+    while "tiny" not in run(cluster, "history", "--claims").stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    lines = run(cluster, "history", "--claims").stdout.splitlines()
+    assert lines[0].split() == [
+        "START", "END", "USER", "NODE", "GPUS", "GPU-H", "JOB", "NOTE", "CLAIM"
+    ]  # fmt: skip
+    assert any("bert sweep" in line for line in lines[1:])
+    assert any(" tiny " in f" {line} " for line in lines[1:])
+    rows = json.loads(run(cluster, "history", "--claims", "--json").stdout)
+    assert {(r["job"], r["note"]) for r in rows} == {(None, "bert sweep"), ("tiny", None)}
 
 
 def test_every_listing_prints_json(cluster: Any, tmp_path: Path) -> None:

@@ -375,3 +375,21 @@ def test_openssh_transport_with_controlmaster(testbed, make_remote):
             ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
         )
     shutil.rmtree(env_dir, ignore_errors=True)
+
+
+def test_a_jobs_gpus_show_the_jobs_time_left_and_short_names_the_node(testbed, make_remote):
+    c = make_remote(testbed, nodes=["node01"])
+    c.ok("run", "--time", "10m", "--name", "ten", "--", "sleep", "120")
+    deadline = time.monotonic() + 20
+    while next(j for j in c.json("jobs") if j["name"] == "ten")["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    row = next(line for line in c.ok("status").splitlines() if "job ten" in line)
+    assert " 9m" in row or " 10m" in row, row  # the job's 10 minutes, not its claim's 12
+    # from a laptop, bare indices would name GPUs of this machine: say which node
+    short = c.cli("claim", "-n", "1", "--short")
+    assert short.returncode == 0, short.stderr
+    node, _, indices = short.stdout.strip().partition(":")
+    assert node == "node01" and indices.isdigit(), short.stdout
+    c.ok("kill", "ten")
+    c.ok("release", "--all")

@@ -162,3 +162,34 @@ def test_doctor_finds_the_node_that_sees_another_store(split_testbed, make_remot
     text = c.cli("doctor").stdout
     assert "two claim pools that never see each other" in text
     assert json.loads(c.cli("status", "--json").stdout)  # the laptop's store still answers
+
+
+def test_the_demo_runs_its_tour_as_you_in_a_store_of_its_own(tmp_path):
+    home = tmp_path / "home"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUCLAIM_")},
+        "GPUCLAIM_HOME": str(home),
+        "GPUCLAIM_USER": "newcomer",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuclaim", "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Released demo02 GPU 0,1" in proc.stdout
+    assert " newcomer " in proc.stdout and " you " not in proc.stdout  # the tour's claims
+    config = home / "demo" / "config.toml"
+    assert f"export GPUCLAIM_CONFIG={config}" in proc.stdout
+    assert (home / "demo" / "store" / "ID").exists()
+    status = subprocess.run(
+        [sys.executable, "-m", "gpuclaim", "status", "--json"],
+        env={**env, "GPUCLAIM_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert {r["state"] for r in json.loads(status.stdout)} == {"free", "busy-unclaimed"}

@@ -30,7 +30,10 @@ def claim(
         False, "--adopt", help="Claim the GPUs your own already-running processes use."
     ),
     short: bool = typer.Option(
-        False, "--short", help="Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...)."
+        False,
+        "--short",
+        help="Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...) on the node itself"
+        " (NODE:I,J when the GPUs are on another machine).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
     quiet: bool = quiet_option(),
@@ -62,7 +65,10 @@ def claim(
     if as_json:
         print_json(result.to_dict())
     elif short:
-        typer.echo(",".join(map(str, result.indices)))
+        indices = ",".join(map(str, result.indices))
+        # Indices mean something only on the node itself; elsewhere say which node.
+        here = st.config.node(result.node).is_this_machine()
+        typer.echo(indices if here else f"{result.node}:{indices}")
     else:
         for line in claim_lines(result):
             out().print(line)

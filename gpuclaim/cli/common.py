@@ -249,6 +249,14 @@ def _console_class() -> type[Console]:
             # rich would exit 1 here; `gpuclaim status | head` is no failure: main() decides.
             raise BrokenPipeError
 
+        def _render_buffer(self, buffer: Any) -> str:
+            # Tables pad every cell to its column's width; in a pipe or a file the padding
+            # at the end of a line is only noise for grep, diff and `cut`.
+            text = super()._render_buffer(buffer)
+            if self.is_terminal:
+                return text
+            return "\n".join(line.rstrip() for line in text.split("\n"))
+
     return _Console
 
 

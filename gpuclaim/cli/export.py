@@ -25,7 +25,7 @@ class Accounting(str, enum.Enum):
     slurmdbd = "slurmdbd"
 
 
-@app.command("slurm")
+@app.command("slurm", short_help="SLURM config files and MIGRATION.md for this cluster.")
 def slurm(
     ctx: typer.Context,
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory to write the files to."),
@@ -78,7 +78,7 @@ def slurm(
         raise typer.Exit(ExitCode.UNREACHABLE)
 
 
-@app.command("sbatch")
+@app.command("sbatch", short_help="An sbatch script per past job: command, environment, GPUs.")
 def sbatch(
     ctx: typer.Context,
     name: Optional[str] = typer.Argument(None, help="Job name or id (yours)."),

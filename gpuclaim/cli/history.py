@@ -32,7 +32,7 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """GPU-hours held, from the event log (and the claims held now)."""
-    from gpuclaim.cli.render import history_table
+    from gpuclaim.cli.render import claims_history_table, history_table
     from gpuclaim.history import GROUPINGS, claim_intervals, interval_dict, summarize
 
     if by not in GROUPINGS:
@@ -54,12 +54,7 @@ def history(
         if as_json:
             print_json(chosen)
         else:
-            for row in chosen:
-                out().print(
-                    f"{row['start']}  {row['user']:<12} {row['node']:<10} {row['gpus']} GPU  "
-                    f"{row['gpu_hours']:>8.2f} GPU-h  {row['claim_id']}"
-                    + ("  (held now)" if row["open"] else "")
-                )
+            out().print(claims_history_table(chosen))
         return
     usage = store.usage_summaries()
     rows = summarize(intervals, by=by, since=start, until=snap.now, user=user, usage=usage)

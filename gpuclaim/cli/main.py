@@ -37,30 +37,54 @@ def build_app() -> typer.Typer:
     )
     app.callback()(root)
     app.command(
-        "status", help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable."
+        "status",
+        help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
+        short_help="Every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
     )(status.status)
     app.command("ls", hidden=True)(status.status)
     app.command("claim")(claim.claim)
     app.command("release")(claim.release)
     app.command("extend")(claim.extend)
-    app.command("run", context_settings=jobs.RUN_CONTEXT)(jobs.run)
-    app.command("jobs")(jobs.jobs)
+    app.command(
+        "run",
+        context_settings=jobs.RUN_CONTEXT,
+        short_help="Run a command on claimed GPUs in tmux on a node, or queue it.",
+    )(jobs.run)
+    app.command("jobs", short_help="Running and queued jobs of everyone, and your recent ones.")(
+        jobs.jobs
+    )
     app.command("logs")(jobs.logs)
     app.command("attach")(jobs.attach)
-    app.command("kill")(jobs.kill)
-    app.command("shell")(jobs.shell)
-    app.command("notebook")(jobs.notebook)
+    app.command("kill", short_help="Stop a job on all its nodes, or take it out of the queue.")(
+        jobs.kill
+    )
+    app.command("shell", short_help="An interactive shell on a node with GPUs, time-limited.")(
+        jobs.shell
+    )
+    app.command("notebook", short_help="Jupyter on a node with GPUs, until its time limit.")(
+        jobs.notebook
+    )
     app.command("history")(history.history)
-    app.command("gc")(admin.gc)
+    app.command("gc", short_help="Remove expired and abandoned claims, set damaged files aside.")(
+        admin.gc
+    )
     app.command("drain")(admin.drain)
     app.command("undrain")(admin.undrain)
-    app.command("doctor")(admin.doctor)
+    app.command("doctor", short_help="Check every node: SSH, tmux, GPUs, storage, clock, agent.")(
+        admin.doctor
+    )
     app.add_typer(settings.notify_app, name="notify")
     app.add_typer(settings.config_app, name="config")
-    app.command("init")(setup.init)
-    app.command("demo")(setup.demo)
-    app.add_typer(export.app, name="export")
-    app.command("board")(board.board)
+    app.command("init", short_help="Write a config file and make the store.")(setup.init)
+    app.command("demo", short_help="A sandbox with simulated GPUs: try it all without a cluster.")(
+        setup.demo
+    )
+    app.add_typer(
+        export.app, name="export", short_help="SLURM's config and job scripts, to move on to SLURM."
+    )
+    app.command("board", short_help="Live board of who holds which GPU; claim, release, kill.")(
+        board.board
+    )
     return app
 
 

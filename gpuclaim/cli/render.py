@@ -11,7 +11,7 @@ from rich.text import Text
 
 from gpuclaim.cluster import ClusterView, GpuRow
 from gpuclaim.durations import format_duration
-from gpuclaim.model import Claim
+from gpuclaim.model import Claim, parse_iso
 
 if TYPE_CHECKING:
     from gpuclaim.doctor import NodeHealth
@@ -107,6 +107,26 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     return table
 
 
+def claims_history_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """history --claims: one claim a row, with what it was for."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("START", "END", "USER", "NODE", "GPUS", "GPU-H", "JOB", "NOTE", "CLAIM"):
+        table.add_column(name, justify="right" if name in ("GPUS", "GPU-H") else "left")
+    for r in rows:
+        table.add_row(
+            _clock(parse_iso(r["start"])),
+            "held now" if r["open"] else _clock(parse_iso(r["end"])),
+            r["user"],
+            r["node"],
+            str(r["gpus"]),
+            f"{r['gpu_hours']:.2f}",
+            r.get("job") or "",
+            r.get("note") or "",
+            r["claim_id"],
+        )
+    return table
+
+
 def doctor_table(report: Sequence[NodeHealth]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NODE", "SSH", "PYTHON", "TMUX", "GPUS", "DRIVER", "STORAGE", "CLOCK", "AGENT"):
@@ -172,9 +192,14 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
 
 
 def _left(claim: Optional[Claim], now: float) -> str:
+    """Time left; for a job's claim, the job's own (its claim outlives it by a margin for the
+    kill grace, which is not time the job has)."""
     if claim is None:
         return ""
-    return format_duration(claim.expires - now)
+    from gpuclaim.jobs import CLAIM_MARGIN_S
+
+    end = claim.expires - (CLAIM_MARGIN_S if claim.job else 0.0)
+    return format_duration(end - now)
 
 
 def _clock(ts: float) -> str:

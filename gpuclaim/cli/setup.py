@@ -143,7 +143,8 @@ def demo(
     console = out()
     console.print(f"Demo sandbox: {config_path}")
     if tour:
-        env = dict(os.environ, GPUCLAIM_CONFIG=str(config_path), GPUCLAIM_USER="you")
+        # as the user, under their own name: what the tour claims is theirs afterwards too
+        env = dict(os.environ, GPUCLAIM_CONFIG=str(config_path))
         steps = [
             ["status"],
             ["claim", "-n", "2", "--time", "2h", "--note", "demo: fine-tune"],
