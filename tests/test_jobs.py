@@ -542,42 +542,38 @@ def test_attach_shows_the_job_in_a_terminal(jobs_cluster):
         "while true; do echo tick-from-job; sleep 0.3; done",
     )
     _wait_state(c, "watched", {"running"})
-    sock = f"gc-test-{os.getpid()}"
-    env = c.env()
-    cmd = f"{shlex.quote(sys.executable)} -m gpuclaim attach watched"
+    screen = _screen_of(c.env(), [sys.executable, "-m", "gpuclaim", "attach", "watched"])
+    assert "tick-from-job" in screen, screen
+    c.ok("kill", "watched")
+
+
+def _screen_of(env, argv, until="tick-from-job", timeout=20.0):
+    """What ``argv`` shows in a real terminal (a tmux pane of a private tmux server, started
+    with ``env``) once ``until`` appears on it, or when ``timeout`` has passed."""
+    sock = f"gc-test-{os.getpid()}-{time.monotonic_ns()}"
+    passed = [
+        a
+        for k in ("GPUCLAIM_CONFIG", "GPUCLAIM_HOME", "GPUCLAIM_USER", "HOME")
+        if k in env
+        for a in ("-e", f"{k}={env[k]}")
+    ]
+    # the pane stays after the command ends, with its exit status: a failure shows its message
+    command = " ".join(shlex.quote(a) for a in argv) + "; echo exited $?; sleep 60"
     subprocess.run(
-        [
-            "tmux",
-            "-L",
-            sock,
-            "new-session",
-            "-d",
-            "-x",
-            "120",
-            "-y",
-            "30",
-            "-e",
-            f"GPUCLAIM_CONFIG={env['GPUCLAIM_CONFIG']}",
-            "-e",
-            f"GPUCLAIM_HOME={env['GPUCLAIM_HOME']}",
-            "-e",
-            "GPUCLAIM_USER=alice",
-            cmd,
-        ],
+        ["tmux", "-L", sock, "new-session", "-d", "-x", "120", "-y", "30", *passed, command],
         check=True,
         env=env,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
             screen = subprocess.run(
                 ["tmux", "-L", sock, "capture-pane", "-p"], capture_output=True, text=True
             ).stdout
-            if "tick-from-job" in screen:
+            if until in screen:
                 break
             time.sleep(0.3)
-        assert "tick-from-job" in screen, screen
+        return screen
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
-    c.ok("kill", "watched")

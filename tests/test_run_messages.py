@@ -5,12 +5,17 @@ that dies at once, the job's exit code for scripts, and the ssh config `attach` 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_cli_conventions import one_line_error
-from test_jobs import _job, _wait_state
+from test_jobs import _job, _screen_of, _wait_state
 
 
 @pytest.fixture
@@ -91,3 +96,48 @@ def test_a_relative_workdir_is_the_directory_run_was_typed_in(c, tmp_path):
     c.ok("run", "--name", "tilde", "-C", "~/work", "--", "python3", "-c", PRINT_CWD)
     _wait_state(c, "tilde", {"succeeded"})
     assert c.ok("logs", "tilde").strip() == str(node_home / "work")
+
+
+# -- attach reads the ssh config the other commands read ----------------------------------------
+
+TICK = "while true; do echo tick-from-job; sleep 0.3; done"
+
+
+def test_attach_uses_the_ssh_config_of_the_other_commands_and_prints_it(c, tmp_path):
+    # No ssh_config in gpuclaim's config, and a $HOME that is not the passwd home: the node
+    # aliases are only in $HOME/.ssh/config, which every other command reads.
+    home = tmp_path / "laptop-home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copyfile(c.testbed.ssh_config, home / ".ssh" / "config")
+    lines = c.config_path.read_text().splitlines(keepends=True)
+    c.config_path.write_text("".join(x for x in lines if not x.startswith("ssh_config")))
+    assert Path(pwd.getpwuid(os.getuid()).pw_dir).resolve() != home.resolve()
+    env = c.env(HOME=str(home))
+    proc = c.cli("run", "--name", "watched", "--", "sh", "-c", TICK, HOME=str(home))
+    assert proc.returncode == 0, proc.stderr
+    _wait_state(c, "watched", {"running"})
+    screen = _screen_of(env, [sys.executable, "-m", "gpuclaim", "attach", "watched"])
+    assert "tick-from-job" in screen, screen
+
+    proc = c.cli("attach", "watched", "--print", HOME=str(home))
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stdout.strip()
+    remote = "tmux attach-session -t =gc-alice-watched"
+    ssh = shutil.which("ssh") or "ssh"
+    config = home / ".ssh" / "config"
+    assert shlex.split(printed) == [ssh, "-t", "-F", str(config), "node01", remote], printed
+    assert printed.count("\n") == 0 and shlex.quote(remote) in printed
+    # and that exact line, typed in a terminal, attaches too
+    assert "tick-from-job" in _screen_of(env, ["sh", "-c", printed])
+    c.cli("kill", "watched", HOME=str(home))
+
+
+def test_attach_print_with_the_configs_own_ssh_config_and_bad_input(c):
+    c.ok("run", "--name", "watched", "--", "sh", "-c", TICK)
+    _wait_state(c, "watched", {"running"})
+    printed = shlex.split(c.ok("attach", "watched", "--print"))
+    assert printed[1:4] == ["-t", "-F", str(c.testbed.ssh_config)], printed
+    one_line_error(c.cli("attach", "watched", "--rank", "3"), 2, "job watched has 1 rank")
+    one_line_error(c.cli("attach", "nosuch", "--print"), 1, "no job 'nosuch' of alice")
+    c.ok("kill", "watched")
+    one_line_error(c.cli("attach", "watched", "--print"), 1, "nothing to attach to")

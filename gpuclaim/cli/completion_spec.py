@@ -275,6 +275,10 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'value': '',
                                       'multiple': False,
                                       'help': 'Which node of a gang job.'},
+                                     {'names': ['--print'],
+                                      'value': None,
+                                      'multiple': False,
+                                      'help': 'Print the command it would run (one line) instead.'},
                                      {'names': ['-h', '--help'],
                                       'value': None,
                                       'multiple': False,
@@ -464,8 +468,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'help': 'Show this message and exit.'}],
                          'args': [],
                          'commands': None},
-              'init': {'help': 'Write a config file (asks for what is missing when run in a '
-                               'terminal).',
+              'init': {'help': 'Write a config file and make the store (asks for what is missing '
+                               'in a terminal).',
                        'hidden': False,
                        'interspersed': True,
                        'options': [{'names': ['--nodes'],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -205,6 +206,9 @@ def attach(
         ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
     ),
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
+    print_only: bool = typer.Option(
+        False, "--print", help="Print the command it would run (one line) instead."
+    ),
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
     from gpuclaim.jobs import attach_command, find_job
@@ -213,7 +217,15 @@ def attach(
     job = find_job(st.store, st.user, name)
     if job.state not in ("running", "starting"):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
+    if rank >= len(job.ranks):
+        ranks = f"{len(job.ranks)} rank" + ("s" if len(job.ranks) != 1 else "")
+        raise UsageError(f"job {job.name} has {ranks}: --rank 0 to {len(job.ranks) - 1}")
     argv = attach_command(st.config, job.ranks[rank].node, job.session)
+    if print_only:
+        # exactly what would run: from inside tmux, with TMUX unset (see _exec_outside_tmux)
+        prefix = ["env", "-u", "TMUX"] if "TMUX" in os.environ else []
+        out().print(shlex.join([*prefix, *argv]), markup=False, soft_wrap=True)
+        return
     sys.stdout.flush()
     _exec_outside_tmux(argv)
 
