@@ -34,8 +34,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
               'multiple': False,
               'help': 'Show this message and exit.'}],
  'args': [],
- 'commands': {'status': {'help': 'Show every GPU: free, claimed, busy-unclaimed, stale, '
-                                 'unreachable.',
+ 'commands': {'status': {'help': 'Every GPU: free, claimed, busy-unclaimed, stale, unreachable.',
                          'hidden': False,
                          'interspersed': True,
                          'options': [{'names': ['--node'],
@@ -102,7 +101,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'value': None,
                                      'multiple': False,
                                      'help': 'Print only the GPU indices, for '
-                                             'CUDA_VISIBLE_DEVICES=$(...).'},
+                                             'CUDA_VISIBLE_DEVICES=$(...) on the node itself '
+                                             '(NODE:I,J when the GPUs are on another machine).'},
                                     {'names': ['--json'],
                                      'value': None,
                                      'multiple': False,
@@ -171,8 +171,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'help': 'Show this message and exit.'}],
                          'args': [{'name': 'claim_ids', 'nargs': -1, 'value': 'claims'}],
                          'commands': None},
-              'run': {'help': 'Run a command on claimed GPUs in a tmux session on a node (exit 3 '
-                              'if none are...',
+              'run': {'help': 'Run a command on claimed GPUs in tmux on a node, or queue it.',
                       'hidden': False,
                       'interspersed': False,
                       'options': [{'names': ['-n', '--count'],
@@ -229,8 +228,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'help': 'Show this message and exit.'}],
                       'args': [{'name': 'command', 'nargs': -1, 'value': ''}],
                       'commands': None},
-              'jobs': {'help': 'List jobs: running and queued ones of everyone, and your recent '
-                               'ones.',
+              'jobs': {'help': 'Running and queued jobs of everyone, and your recent ones.',
                        'hidden': False,
                        'interspersed': True,
                        'options': [{'names': ['--all'],
@@ -285,8 +283,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'help': 'Show this message and exit.'}],
                          'args': [{'name': 'name', 'nargs': 1, 'value': 'jobs'}],
                          'commands': None},
-              'kill': {'help': 'Stop a job on all its nodes (TERM, then KILL), or take it out of '
-                               'the queue.',
+              'kill': {'help': 'Stop a job on all its nodes, or take it out of the queue.',
                        'hidden': False,
                        'interspersed': True,
                        'options': [{'names': ['--force'],
@@ -307,8 +304,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                     'help': 'Show this message and exit.'}],
                        'args': [{'name': 'name', 'nargs': 1, 'value': 'jobs'}],
                        'commands': None},
-              'shell': {'help': 'An interactive shell on a node with GPUs pinned; it ends at its '
-                                'time limit.',
+              'shell': {'help': 'An interactive shell on a node with GPUs, time-limited.',
                         'hidden': False,
                         'interspersed': True,
                         'options': [{'names': ['-n', '--count'],
@@ -338,8 +334,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'help': 'Show this message and exit.'}],
                         'args': [],
                         'commands': None},
-              'notebook': {'help': 'Jupyter on a node with GPUs pinned, until its time limit; '
-                                   'prints the ssh tunnel.',
+              'notebook': {'help': 'Jupyter on a node with GPUs, until its time limit.',
                            'hidden': False,
                            'interspersed': True,
                            'options': [{'names': ['-n', '--count'],
@@ -399,7 +394,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                        'help': 'Show this message and exit.'}],
                           'args': [],
                           'commands': None},
-              'gc': {'help': 'Remove expired and abandoned claims; set damaged claim files aside.',
+              'gc': {'help': 'Remove expired and abandoned claims, set damaged files aside.',
                      'hidden': False,
                      'interspersed': True,
                      'options': [{'names': ['--json'],
@@ -454,8 +449,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                        'help': 'Show this message and exit.'}],
                           'args': [{'name': 'node', 'nargs': 1, 'value': 'nodes'}],
                           'commands': None},
-              'doctor': {'help': 'Check every node: SSH, python3, tmux, GPUs and driver, storage, '
-                                 'clock, agent.',
+              'doctor': {'help': 'Check every node: SSH, tmux, GPUs, storage, clock, agent.',
                          'hidden': False,
                          'interspersed': True,
                          'options': [{'names': ['--json'],
@@ -468,8 +462,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'help': 'Show this message and exit.'}],
                          'args': [],
                          'commands': None},
-              'init': {'help': 'Write a config file and make the store (asks for what is missing '
-                               'in a terminal).',
+              'init': {'help': 'Write a config file and make the store.',
                        'hidden': False,
                        'interspersed': True,
                        'options': [{'names': ['--nodes'],
@@ -519,8 +512,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                     'help': 'Show this message and exit.'}],
                        'args': [],
                        'commands': None},
-              'demo': {'help': 'A sandbox with simulated GPUs on this machine: try everything '
-                               'without a cluster.',
+              'demo': {'help': 'A sandbox with simulated GPUs: try it all without a cluster.',
                        'hidden': False,
                        'interspersed': True,
                        'options': [{'names': ['--dir'],
@@ -542,8 +534,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                     'help': 'Show this message and exit.'}],
                        'args': [],
                        'commands': None},
-              'board': {'help': 'Live board of every GPU: who holds it, for how long; claim, '
-                                'release, kill,...',
+              'board': {'help': 'Live board of who holds which GPU; claim, release, kill.',
                         'hidden': False,
                         'interspersed': True,
                         'options': [{'names': ['--refresh'],
@@ -625,8 +616,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                                             'help': 'Show this message and exit.'}],
                                                'args': [],
                                                'commands': None}}},
-              'export': {'help': "Write SLURM's configuration and job scripts, to move on to "
-                                 'SLURM.',
+              'export': {'help': "SLURM's config and job scripts, to move on to SLURM.",
                          'hidden': False,
                          'interspersed': False,
                          'options': [{'names': ['-h', '--help'],
@@ -634,8 +624,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'multiple': False,
                                       'help': 'Show this message and exit.'}],
                          'args': [],
-                         'commands': {'slurm': {'help': 'slurm.conf, gres.conf, cgroup.conf and '
-                                                        "MIGRATION.md for this cluster's nodes.",
+                         'commands': {'slurm': {'help': 'SLURM config files and MIGRATION.md for '
+                                                        'this cluster.',
                                                 'hidden': False,
                                                 'interspersed': True,
                                                 'options': [{'names': ['-o', '--out'],
@@ -665,8 +655,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                                                      'exit.'}],
                                                 'args': [],
                                                 'commands': None},
-                                      'sbatch': {'help': 'An sbatch script per job: its command, '
-                                                         'environment, directory, GPUs and time...',
+                                      'sbatch': {'help': 'An sbatch script per past job: command, '
+                                                         'environment, GPUs.',
                                                  'hidden': False,
                                                  'interspersed': True,
                                                  'options': [{'names': ['--history'],
