@@ -330,3 +330,45 @@ async def test_a_hung_node_never_blocks_and_its_old_data_says_how_old(tmp_path):
             )
     finally:
         prober.release.set()
+
+
+# -- what a new user read on the board ----------------------------------------------------------
+
+
+def _small_board(tmp_path: Any) -> Any:
+    """The snapshots' small cluster, read once as the board reads it (clocks pinned)."""
+    from test_board_snapshots import services_for, small_cluster
+
+    from gpuclaim.board.data import probe_node, read_board
+
+    cluster = small_cluster(tmp_path)
+    svc = services_for(cluster)
+    samples = {n.name: probe_node(svc, n.name, None) for n in cluster.config.nodes}
+    return read_board(svc, samples, fold_usage=False)
+
+
+def _line_of(text: str, node: str, index: int) -> str:
+    """The --once line of one GPU (a node's name is on its first GPU's line only)."""
+    lines = text.splitlines()[2:]
+    start = next(i for i, line in enumerate(lines) if line.startswith(node + " "))
+    return next(line for line in lines[start:] if line.split()[0 if index else 1] == str(index))
+
+
+def _detail(data: Any, node: str, index: int) -> str:
+    from gpuclaim.board.widgets import detail_lines
+
+    row = next(r for r in data.view.rows if (r.node, r.index) == (node, index))
+    return " ".join(t.plain for t in detail_lines(row, data, "alice"))
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_a_jobs_gpu_names_the_job_once_not_again_as_its_note(tmp_path, width):
+    """A job's claim is noted ``job NAME``: beside the JOB column that says nothing new."""
+    from gpuclaim.board.text import render_text
+
+    data = _small_board(tmp_path)
+    line = _line_of(render_text(data, "alice", width=width), "node03", 1)
+    assert line.count("resnet") == 1, line
+    assert " job " not in line, line
+    assert _detail(data, "node03", 1).count(" job resnet") == 1  # its tmux session aside
+    assert "llama-7b fin" in _line_of(render_text(data, "alice", width=width), "node01", 2)

@@ -8,8 +8,9 @@ and look at the report before committing the new SVGs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ from gpuclaim.board.app import make_app
 from gpuclaim.board.services import BoardOptions, BoardServices
 from gpuclaim.cluster import NodeProber
 from gpuclaim.config import Config, NodeConfig
-from gpuclaim.jobs import NodeOps
-from gpuclaim.model import Claim, ClaimedGpu, Gpu, GpuProcess, NodeInventory
+from gpuclaim.jobs import CLAIM_MARGIN_S, NodeOps
+from gpuclaim.model import Claim, ClaimedGpu, Gpu, GpuProcess, Job, JobRank, NodeInventory
 from gpuclaim.store import ClaimStore
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC: the storage clock and the board's, pinned
@@ -115,6 +116,47 @@ def _claim(store: ClaimStore, node: str, gpus: list[tuple[str, int]], user: str,
     )
 
 
+def _job(
+    cluster: Synthetic, node: str, index: int, user: str, name: str, ran_s: float, limit_s: float
+) -> Job:
+    """A running job on one GPU, as ``run`` leaves it: the job's record, its claim (noted
+    ``job NAME``, expiring CLAIM_MARGIN_S after the job's limit) and its wrapper's heartbeat."""
+    store = cluster.store
+    gpu = cluster.prober.inventories[node].gpus[index]
+    started = T0 - ran_s
+    claim_id = f"c-job-{name}"
+    rank = JobRank(0, node, (index,), (gpu.uuid,), claim_id, "running", started=started)
+    job = Job(
+        id=f"j-{name}",
+        name=name,
+        user=user,
+        argv=("python", "train.py"),
+        state="running",
+        submitted=started - 1,
+        time_limit_s=limit_s,
+        ranks=(rank,),
+        started=started,
+    )
+    store.create_job(job.to_dict())
+    store.acquire(
+        Claim(
+            claim_id,
+            user,
+            node,
+            (ClaimedGpu(gpu.uuid, index),),
+            started - 1,
+            started - 1 + limit_s + CLAIM_MARGIN_S,
+            note=f"job {name}",
+            job=job.id,
+            host="elsewhere",
+        )
+    )
+    store.beat(claim_id, 10.0)
+    for beat in (store.root / "beats").iterdir():
+        os.utime(beat, (T0, T0))  # beating now, by the pinned storage clock
+    return job
+
+
 def services_for(cluster: Synthetic, **options: Any) -> BoardServices:
     return BoardServices(
         config=cluster.config,
@@ -129,8 +171,13 @@ def services_for(cluster: Synthetic, **options: Any) -> BoardServices:
 
 def small_cluster(root: Path) -> Synthetic:
     """Four nodes of four GPUs: every state, a multi-GPU claim of one's own, an expired claim
-    (stale) and an unreachable node that still shows the claim it holds."""
+    (stale), someone's job using little memory, and an unreachable node that still shows the
+    claim it holds."""
     cluster = synthetic_cluster(root, 4, 4, unreachable=(4,), busy_every=6)
+    inv = cluster.prober.inventories["node03"]
+    light = replace(inv.gpus[1], memory_used_mib=700, utilization_pct=96)  # under 1 GiB
+    cluster.prober.inventories["node03"] = replace(inv, gpus=(inv.gpus[0], light, *inv.gpus[2:]))
+    _job(cluster, "node03", 1, "bob", "resnet", ran_s=1800, limit_s=4 * 3600)
     inv = cluster.prober.inventories["node01"]
     _claim(cluster.store, "node01", [(inv.gpus[0].uuid, 0), (inv.gpus[1].uuid, 1)], "alice", 40)
     stale = cluster.prober.inventories["node02"].gpus[0]

@@ -18,6 +18,7 @@ from gpuclaim.board.data import BoardData, Filters
 from gpuclaim.cli.render import STATE_STYLE
 from gpuclaim.cluster import GpuRow
 from gpuclaim.durations import format_duration
+from gpuclaim.model import Claim
 
 GLYPH = {
     "free": "●",
@@ -323,8 +324,9 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
     if stale_age is not None:
         text.append(f"⏱ data {stale_age} old · ", style="yellow")
     claim = row.claim
-    if claim is not None and claim.note:
-        text.append(claim.note)
+    note = shown_note(claim, ctx.data) if claim is not None else ""
+    if note:
+        text.append(note)
     if row.reason and (row.state != "claimed" or claim is None):
         if text.plain and not text.plain.endswith("· "):
             text.append(" · ", style="dim")
@@ -339,6 +341,21 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
         reason = f": {info['reason']}" if info.get("reason") else ""
         text.append(f"drained by {info.get('user', '?')}{reason}", style="dim")
     return text
+
+
+def shown_note(claim: Claim, data: BoardData) -> str:
+    """A claim's note, less what the JOB column says: ``run`` notes a job's claim ``job NAME``
+    (``job NAME rank N`` on a gang's node, of which ``rank N`` is kept). A job the board does
+    not know shows by its id only, so its note, which names it, stays."""
+    job = data.jobs.get(claim.job) if claim.job else None
+    if job is None:
+        return claim.note
+    own = f"job {job.name}"
+    if claim.note == own:
+        return ""
+    if claim.note.startswith(own + " rank "):
+        return claim.note[len(own) + 1 :]
+    return claim.note
 
 
 def job_text(job_id: Optional[str], data: BoardData) -> Text:

@@ -15,6 +15,7 @@ from gpuclaim.board.cells import (
     display_state,
     job_text,
     short_model,
+    shown_note,
 )
 from gpuclaim.board.data import BoardData
 from gpuclaim.cluster import GpuRow
@@ -179,8 +180,9 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
             line.append(f" · idle {format_duration(use.get('idle_for_s') or 0)}", "yellow")
         if use and use.get("mean_pct") is not None:
             line.append(f" · mean util {use['mean_pct']:.0f}%", style="dim")
-        if claim.note:
-            line.append(f" · {claim.note}", style="italic")
+        note = shown_note(claim, data)
+        if note:
+            line.append(f" · {note}", style="italic")
         lines.append(line)
     if row.reason:
         lines.append(Text(row.reason, style=STYLE.get(row.state, "dim")))
