@@ -372,3 +372,45 @@ def test_a_jobs_gpu_names_the_job_once_not_again_as_its_note(tmp_path, width):
     assert " job " not in line, line
     assert _detail(data, "node03", 1).count(" job resnet") == 1  # its tmux session aside
     assert "llama-7b fin" in _line_of(render_text(data, "alice", width=width), "node01", 2)
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_a_jobs_gpu_shows_the_jobs_own_time_left(tmp_path, width):
+    """bob's resnet ran 30m of its 4h: 3h30m left, though its claim has 2 minutes more (the
+    kill grace's margin), in the table, the compact view and the detail pane alike."""
+    from gpuclaim.board.cells import left_text
+    from gpuclaim.board.text import render_text
+
+    data = _small_board(tmp_path)
+    line = _line_of(render_text(data, "alice", width=width), "node03", 1)
+    assert " 3h30m " in line and "3h31m" not in line, line
+    compact = render_text(data, "alice", width=width, compact=True)
+    who = next(line for line in compact.splitlines() if line.startswith("node03"))
+    assert "1 bob 3h30m" in who, who
+    assert "3h30m left" in _detail(data, "node03", 1)
+    assert " 2h29m " in _line_of(render_text(data, "alice", width=width), "node01", 0)
+    assert left_text(-1, job=True).plain == "ending"  # past its limit: being stopped
+    assert left_text(-1).plain == "expired"
+
+
+def test_a_jobs_time_left_on_the_board_is_what_gpuclaim_jobs_says(make_cluster):
+    """The real CLI: ``run --time 2h``, then ``board --once`` and ``jobs`` agree."""
+    from gpuclaim.durations import format_duration
+
+    c = make_cluster({"bd01": 2}, fast=True)
+    c.ok("run", "--node", "bd01", "--name", "train", "--time", "2h", "--", "sleep", "600")
+    try:
+        before = time.time()
+        boards = [c.ok("board", "--once", "--size", size) for size in ("120x20", "80x20")]
+        jobs_line = c.ok("jobs").splitlines()[1]
+        after = time.time()
+        job = next(j for j in json.loads(c.ok("jobs", "--json")) if j["name"] == "train")
+    finally:
+        c.ok("kill", "train")
+    ends = parse_iso(job["ends"])
+    lefts = {format_duration(ends - before), format_duration(ends - after)}  # a minute may tick
+    assert any(f" {left} " in jobs_line for left in lefts), (lefts, jobs_line)
+    for board in boards:
+        line = next(line for line in board.splitlines() if "alice" in line)
+        assert any(f" {left} " in line for left in lefts), (lefts, line)
+        assert line.count("train") == 1, line

@@ -18,6 +18,7 @@ from gpuclaim.board.data import BoardData, Filters
 from gpuclaim.cli.render import STATE_STYLE
 from gpuclaim.cluster import GpuRow
 from gpuclaim.durations import format_duration
+from gpuclaim.jobs import CLAIM_MARGIN_S
 from gpuclaim.model import Claim
 
 GLYPH = {
@@ -159,8 +160,19 @@ def _left_words(row: GpuRow, ctx: RowContext) -> tuple[str, str]:
     claim = row.claim
     if claim is None:
         return ("", "")
-    now = ctx.data.now
-    return (format_duration(now - claim.since), format_duration(claim.expires - now))
+    held = format_duration(ctx.data.now - claim.since)
+    return (held, format_duration(time_left(claim, ctx.data)))
+
+
+def time_left(claim: Claim, data: BoardData) -> float:
+    """What a held GPU has left: for a job's GPU the job's own time, as ``gpuclaim jobs``
+    says (its claim outlives the job's limit by CLAIM_MARGIN_S, kept for the kill grace);
+    else the claim's."""
+    job = data.jobs.get(claim.job) if claim.job else None
+    if job is not None and job.ends is not None:
+        return job.ends - data.now
+    margin = CLAIM_MARGIN_S if claim.job else 0.0  # not started yet, or not known
+    return claim.expires - margin - data.now
 
 
 def _job_key(row: GpuRow, ctx: RowContext) -> Hashable:
@@ -236,7 +248,7 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         mine = claim.user == ctx.me
         cells["holder"] = Text(claim.user, style="bold cyan" if mine else "")
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
-        cells["left"] = left_text(claim.expires - data.now)
+        cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)
     cells["note"] = note_text(row, ctx, stale_age if group_size == 1 else None)
     if ctx.layout == NARROW and claim is not None and claim.job:
@@ -291,7 +303,7 @@ def _runs(
     for r in rows:
         state = display_state(r, data)
         holder = r.claim.user if r.claim else None
-        left = r.claim.expires - data.now if r.claim else None
+        left = time_left(r.claim, data) if r.claim else None
         if runs and runs[-1][1] == state and runs[-1][2] == holder:
             indices, _, _, old = runs[-1]
             indices.append(r.index or 0)
@@ -370,9 +382,11 @@ def job_text(job_id: Optional[str], data: BoardData) -> Text:
     return Text(f"{job.name} ({state})", style="bold red" if state == "lost" else "yellow")
 
 
-def left_text(seconds: float) -> Text:
+def left_text(seconds: float, job: bool = False) -> Text:
+    """Time left; none left is ``expired`` for a claim, ``ending`` for a job (its time is up
+    and it is being stopped, its claim lasting out the kill grace)."""
     if seconds <= 0:
-        return Text("expired", style="magenta")
+        return Text("ending" if job else "expired", style="magenta")
     style = "bold red" if seconds < 900 else "yellow" if seconds < 3600 else ""
     return Text(format_duration(seconds), style=style)
 

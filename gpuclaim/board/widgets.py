@@ -16,6 +16,7 @@ from gpuclaim.board.cells import (
     job_text,
     short_model,
     shown_note,
+    time_left,
 )
 from gpuclaim.board.data import BoardData
 from gpuclaim.cluster import GpuRow
@@ -160,13 +161,14 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
     claim = row.claim
     if claim is not None:
         who = "you" if claim.user == me else claim.user
+        left = time_left(claim, data)
         line = Text.assemble(
             "held by ",
             (who, "bold cyan" if claim.user == me else "bold"),
             f" for {format_duration(max(0.0, data.now - claim.since))}",
-            f", {format_duration(claim.expires - data.now)} left"
-            if claim.expires > data.now
-            else ", expired",
+            f", {format_duration(left)} left"
+            if left > 0
+            else (", job's time up" if claim.job else ", expired"),
             f" · claim {claim.id} (GPUs {','.join(map(str, claim.indices))})",
         )
         if claim.job:
