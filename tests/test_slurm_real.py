@@ -29,6 +29,7 @@ from slurm_testbed import (
     SlurmTestbedError,
     can_rename,
 )
+from testbed_fixtures import wrap_sshd
 
 from gpuclaim.hardware import probe_hardware
 from gpuclaim.slurm_export import (
@@ -96,21 +97,9 @@ def named_testbed(make_testbed, monkeypatch, tmp_path):
     own named as HOSTS says, so the agent there reports that hostname, not the SSH alias."""
     if not can_rename():
         pytest.fail("hosts with names of their own need root (unshare --uts)", pytrace=False)
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
-    sshd = shutil.which("sshd", path=search)
-    if sshd is None:
-        pytest.fail("sshd not found: apt-get install openssh-server", pytrace=False)
-    cases = "".join(f"    */nodes/{alias}/sshd_config) name={h} ;;\n" for alias, h in HOSTS.items())
-    wrapper = tmp_path / "bin" / "sshd"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        "#!/bin/sh\n# sshd, in a UTS namespace named after the testbed node it serves\n"
-        f'name=\nfor arg; do\n  case "$arg" in\n{cases}  esac\ndone\n'
-        f'[ -n "$name" ] || exec {sshd} "$@"\n'
-        f'exec unshare --uts sh -c \'hostname "$0" && exec "$@"\' "$name" {sshd} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    # each sshd in a UTS namespace named after the testbed node it serves
+    rename = 'unshare --uts sh -c \'hostname "$0" && exec "$@"\''
+    wrap_sshd(monkeypatch, tmp_path / "bin", {a: f"{rename} {h}" for a, h in HOSTS.items()})
     tb = make_testbed(3, 2)
     for alias, host in HOSTS.items():  # the renaming took
         assert tb.ssh(alias, "hostname").stdout.strip() == host

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testbed_fixtures import wrap_sshd
 
 
 def _point_at(c, path: Path) -> None:
@@ -121,20 +122,12 @@ def split_testbed(make_testbed, monkeypatch, tmp_path):
     shared.mkdir()
     own = tmp_path / "node02-disk"
     own.mkdir()
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
-    sshd = shutil.which("sshd", path=search)
-    assert sshd is not None, "sshd not found: apt-get install openssh-server"
-    wrapper = tmp_path / "bin" / "sshd"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        "#!/bin/sh\n# sshd; node02's in a mount namespace where the store's path is its own\n"
-        f'case "$*" in\n  */nodes/node02/sshd_config*)\n'
-        f"    exec unshare --mount --propagation private sh -c "
-        f'\'mount --bind "$0" "$1" && shift && exec "$@"\' {own} {shared} {sshd} "$@" ;;\n'
-        f'esac\nexec {sshd} "$@"\n'
+    # node02's sshd in a mount namespace where the store's path is a directory of its own
+    remount = (
+        "unshare --mount --propagation private"
+        ' sh -c \'mount --bind "$0" "$1" && shift && exec "$@"\''
     )
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    wrap_sshd(monkeypatch, tmp_path / "bin", {"node02": f"{remount} {own} {shared}"})
     tb = make_testbed(3, 2)
     (shared / "probe").write_text("x")
     assert tb.ssh("node01", f"ls {shared}").stdout.split() == ["probe"]

@@ -8,7 +8,10 @@ so a missing package must not turn into a silent skip.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import pytest
@@ -54,3 +57,22 @@ def make_testbed() -> Iterator[MakeTestbed]:
 def testbed(make_testbed: MakeTestbed) -> Testbed:
     """Three sshd nodes (node01..node03) of four simulated H100s each."""
     return make_testbed(3, 4)
+
+
+def wrap_sshd(monkeypatch: pytest.MonkeyPatch, directory: Path, prefixes: dict[str, str]) -> None:
+    """Put an ``sshd`` first on PATH that starts the sshd of each node named in ``prefixes``
+    through that shell prefix (a namespace of its own: another hostname, other mounts), and
+    every other sshd as it is. For testbeds whose "hosts" must differ in more than a port."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+    sshd = shutil.which("sshd", path=search)
+    if sshd is None:
+        pytest.fail("sshd not found: apt-get install openssh-server", pytrace=False)
+    cases = "".join(
+        f'  */nodes/{alias}/sshd_config*) exec {prefix} {sshd} "$@" ;;\n'
+        for alias, prefix in prefixes.items()
+    )
+    wrapper = directory / "sshd"
+    directory.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in\n{cases}esac\nexec {sshd} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ.get('PATH', '')}")
