@@ -414,3 +414,30 @@ def test_a_jobs_time_left_on_the_board_is_what_gpuclaim_jobs_says(make_cluster):
         line = next(line for line in board.splitlines() if "alice" in line)
         assert any(f" {left} " in line for left in lefts), (lefts, line)
         assert line.count("train") == 1, line
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_memory_is_never_cut_even_at_80_columns(tmp_path, width):
+    """Used/total always whole (``0.7/4…`` said nothing): at 80 columns in whole GiB."""
+    import re
+
+    from gpuclaim.board.text import render_text
+
+    text = render_text(_small_board(tmp_path), "alice", width=width)
+    for node, index, total in [("node01", 0, 80), ("node03", 0, 45), ("node03", 1, 45)]:
+        line = _line_of(text, node, index)
+        assert re.search(rf"[━─] \d+(\.\d)?/{total}G ", line), line
+    assert re.search(r" (0\.7|1)/45G ", _line_of(text, "node03", 1))  # 700 MiB: in use
+
+
+def test_memory_numbers_fit_their_column_on_any_gpu():
+    import re
+
+    from gpuclaim.board.cells import MEMORY_BAR, MEMORY_WIDTH, memory_text
+
+    for layout, width in MEMORY_WIDTH.items():
+        for used, total in [(700, 81559), (102_400, 144_384), (144_000, 144_384), (0, 8192)]:
+            cell = memory_text(used, total, width, MEMORY_BAR[layout]).plain
+            assert len(cell) <= width and re.fullmatch(r"[━─]+ [\d.]+/[\d.]+G", cell), cell
+    assert memory_text(700, 81559, 20, 11).plain == "━────────── 0.7/80G"  # room: a decimal
+    assert memory_text(700, 81559, 11, 4).plain == "━─── 1/80G"

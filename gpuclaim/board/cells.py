@@ -36,6 +36,8 @@ NARROW, MEDIUM, WIDE = "narrow", "medium", "wide"
 PADDING = 1  # DataTable cell_padding: this many spaces each side of every cell
 SCROLLBAR = 1  # the table's vertical scrollbar, always reserved so widths never jump
 EMPTY = Text("")  # never changed: the table copies cells before touching them
+MEMORY_WIDTH = {NARROW: 11, MEDIUM: 15, WIDE: 20}  # the MEMORY column: a bar, used/total
+MEMORY_BAR = {NARROW: 4, MEDIUM: 7, WIDE: 11}
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def columns_for(
     cols = [Column("node", "NODE", node_w), Column("gpu", "GPU", 3, right=True)]
     if layout != NARROW:
         cols.append(Column("model", "MODEL", 11 if layout == MEDIUM else 18))
-    cols.append(Column("memory", "MEMORY", {NARROW: 11, MEDIUM: 15, WIDE: 20}[layout]))
+    cols.append(Column("memory", "MEMORY", MEMORY_WIDTH[layout]))
     cols.append(Column("util", "UTIL", 4 if layout != WIDE else 9, right=layout != WIDE))
     cols.append(Column("state", "STATE", 16 if layout == WIDE else 13))
     cols.append(Column("holder", "HOLDER", holder_w))
@@ -241,8 +243,8 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         cells["node"] = Text(f"⏱ {stale_age}", style="yellow")
     if g is not None:
         cells["model"] = Text(short_model(g.name), overflow="ellipsis")
-        bar = {NARROW: 4, MEDIUM: 7, WIDE: 11}[ctx.layout]
-        cells["memory"] = memory_text(g.memory_used_mib, g.memory_total_mib, bar)
+        width, bar = MEMORY_WIDTH[ctx.layout], MEMORY_BAR[ctx.layout]
+        cells["memory"] = memory_text(g.memory_used_mib, g.memory_total_mib, width, bar)
         cells["util"] = util_text(g.utilization_pct, 4 if ctx.layout == WIDE else 0)
     if claim is not None:
         mine = claim.user == ctx.me
@@ -391,10 +393,16 @@ def left_text(seconds: float, job: bool = False) -> Text:
     return Text(format_duration(seconds), style=style)
 
 
-def memory_text(used: Optional[int], total: Optional[int], bar: int) -> Text:
-    """``━━━━━━━ 35/80G``: a bar coloured by how full the memory is, and the numbers."""
+def memory_text(used: Optional[int], total: Optional[int], width: int, bar: int) -> Text:
+    """``━━━━━━━ 35/80G``: a bar coloured by how full the memory is, and the numbers, in
+    ``width`` columns. The numbers are never cut: where ``0.7/80G`` does not fit beside a
+    ``bar`` long bar it reads ``1/80G``, and only past that (``100/141G``) the bar gives way."""
     if total is None or total <= 0:
         return Text("n/a" if used is None else f"{used / 1024:.0f}G", style="dim")
+    numbers = f"{_gib(used or 0)}/{_gib(total)}G"
+    if bar + 1 + len(numbers) > width:
+        numbers = f"{(used or 0) / 1024:.0f}/{total / 1024:.0f}G"
+    bar = max(1, min(bar, width - 1 - len(numbers)))
     frac = min(1.0, max(0.0, (used or 0) / total))
     filled = round(frac * bar) if frac < 1.0 else bar
     if used and filled == 0:
@@ -403,7 +411,7 @@ def memory_text(used: Optional[int], total: Optional[int], bar: int) -> Text:
     text = Text()
     text.append("━" * filled, style=colour)
     text.append("─" * (bar - filled), style="grey37")
-    text.append(f" {_gib(used or 0)}/{_gib(total)}G")
+    text.append(f" {numbers}")
     return text
 
 
