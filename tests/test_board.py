@@ -441,3 +441,10 @@ def test_memory_numbers_fit_their_column_on_any_gpu():
             assert len(cell) <= width and re.fullmatch(r"[━─]+ [\d.]+/[\d.]+G", cell), cell
     assert memory_text(700, 81559, 20, 11).plain == "━────────── 0.7/80G"  # room: a decimal
     assert memory_text(700, 81559, 11, 4).plain == "━─── 1/80G"
+
+
+def test_the_detail_pane_names_the_holder_as_status_and_jobs_do(tmp_path):
+    """By login name, as everywhere else; one's own claims marked so beside it."""
+    data = _small_board(tmp_path)
+    assert "held by alice (you) for 1h10m" in _detail(data, "node01", 0)
+    assert "held by bob for 30m" in _detail(data, "node03", 1)

@@ -160,11 +160,12 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
     lines = [head]
     claim = row.claim
     if claim is not None:
-        who = "you" if claim.user == me else claim.user
+        mine = claim.user == me
         left = time_left(claim, data)
         line = Text.assemble(
             "held by ",
-            (who, "bold cyan" if claim.user == me else "bold"),
+            (claim.user, "bold cyan" if mine else "bold"),
+            " (you)" if mine else "",
             f" for {format_duration(max(0.0, data.now - claim.since))}",
             f", {format_duration(left)} left"
             if left > 0
