@@ -36,6 +36,15 @@ from gpuclaim.store import Store
 FINAL_STATES = ("succeeded", "failed", "killed", "timeout", "lost")
 CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plus this
 
+# What `run --follow` and `logs -f` exit with for a job that did not end by its own exit
+# (README, "Exit codes"); a job that exits on its own gives its own code.
+KILLED_EXIT = 128 + 15  # stopped (kill, the idle policy): as a shell says SIGTERM
+TIMEOUT_EXIT = 124  # past its --time, as timeout(1) says it
+LOST_EXIT = 255  # its node, tmux or wrapper went away: how it ended is unknown
+# `run` watches a job's first moment, so that one that dies at once is not "Started":
+SETTLE_S = 0.5  # running this long on every rank: past its first moment
+FIRST_MOMENT_S = 2.0  # never waits longer than this (a node slow to start it)
+
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -219,7 +228,7 @@ def submit_job(
         store.enqueue(job_id=job.id)
         store.append_event(job_event("job-queued", job, now))
         dispatch_queue(config, store, prober=prober, ops=ops)
-        job = _reload(store, job)
+        job = reload_job(store, job)
         if job.state == "queued":
             start_keepers(config, ops, job, view)
         return job
@@ -337,7 +346,7 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
         for r in job.ranks:
             finish_rank(store, job, r.rank, "failed", None, f"could not start: {exc.message}")
         raise
-    return _reload(store, job)
+    return reload_job(store, job)
 
 
 def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> list[str]:
@@ -497,18 +506,18 @@ def kill_job(
         )
         if result["applied"]:
             return Job.from_dict(result["job"])
-        job = _reload(store, job)  # it started meanwhile: stop it like a running one
+        job = reload_job(store, job)  # it started meanwhile: stop it like a running one
     store.update_job(
         job_id=job.id, changes={"stop_requested": "kill"}, only_from=["starting", "running"]
     )
 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        current = _reload(store, job)
+        current = reload_job(store, job)
         if current.state in FINAL_STATES:
             return current
         time.sleep(0.5)
-    current = _reload(store, job)
+    current = reload_job(store, job)
     if current.state in FINAL_STATES or wait_s == 0:
         return current
     # The wrappers did not finish it: they are gone (node rebooted, tmux killed). Clean up.
@@ -520,7 +529,7 @@ def kill_job(
         except GpuclaimError:
             pass
         finish_rank(store, current, r.rank, "killed", None, "stopped; its wrapper was gone")
-    return _reload(store, current)
+    return reload_job(store, current)
 
 
 def _find_any(store: Store, name: str) -> Job:
@@ -665,9 +674,73 @@ def _rank(rank: int, claim: Claim) -> JobRank:
     )
 
 
-def _reload(store: Store, job: Job) -> Job:
+def reload_job(store: Store, job: Job) -> Job:
     data = store.load_job_dict(job_id=job.id)
     return Job.from_dict(data) if data else job
+
+
+def watch_first_moment(
+    store: Store,
+    job: Job,
+    settle_s: float = SETTLE_S,
+    bound_s: float = FIRST_MOMENT_S,
+    poll_s: float = 0.1,
+) -> Job:
+    """The job once it is past its first moment: ended (a missing file, a bad argument, a
+    missing workdir), or running on every rank for ``settle_s``, or as it is after ``bound_s``
+    (a node slow to start it). Only reads its record."""
+    deadline = time.monotonic() + bound_s
+    running_since: Optional[float] = None
+    while True:
+        job = reload_job(store, job)
+        now = time.monotonic()
+        if job.state in FINAL_STATES or first_bad_rank(job) is not None:
+            return job
+        if job.ranks and all(r.state == "running" for r in job.ranks):
+            running_since = running_since or now
+            if now - running_since >= settle_s:
+                return job
+        if now >= deadline:
+            return job
+        time.sleep(poll_s)
+
+
+def first_bad_rank(job: Job) -> Optional[JobRank]:
+    """A rank that ended other than well (a gang job may still be stopping its others)."""
+    return next((r for r in job.ranks if r.state in FINAL_STATES and r.state != "succeeded"), None)
+
+
+def exit_code_of(job: Job) -> int:
+    """What `run --follow` and `logs -f` exit with: the job's own exit code when it ended by
+    itself, else the documented code of how it ended."""
+    if job.state == "succeeded":
+        return 0
+    if job.state == "failed":
+        return job.exit_code or 1  # no code: it never ran (a missing workdir, GPUs gone)
+    return {"killed": KILLED_EXIT, "timeout": TIMEOUT_EXIT, "lost": LOST_EXIT}.get(job.state, 1)
+
+
+def outcome_line(job: Job, now: float) -> str:
+    """One line of how a job ended, with the exit code ``exit_code_of`` gives, for scripts:
+    ``job train-1a2b failed (exit code 3) after 12s``."""
+    from gpuclaim.durations import format_duration
+
+    code = exit_code_of(job)
+    took = format_duration(max(0.0, (job.ended or now) - (job.started or job.submitted)))
+    if job.state == "succeeded":
+        return f"job {job.name} succeeded after {took}"
+    if job.state == "failed":
+        why = f"{job.reason}; " if job.exit_code is None and job.reason else ""
+        return f"job {job.name} failed ({why}exit code {code}) after {took}"
+    if job.state == "timeout":
+        limit = format_duration(job.time_limit_s)
+        return f"job {job.name} reached its time limit of {limit} (exit code {code}) after {took}"
+    if job.state == "lost":
+        return (
+            f"job {job.name} was lost: its node, tmux or wrapper went away "
+            f"(exit code {code}) after {took}"
+        )
+    return f"job {job.name} was {job.state} (exit code {code}) after {took}"
 
 
 def _only(config: Config, names: Sequence[str]) -> Config:

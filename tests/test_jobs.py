@@ -123,7 +123,8 @@ def test_hostile_arguments_arrive_byte_identical(jobs_cluster, tmp_path):
 def test_exit_statuses_and_time_limit(jobs_cluster):
     c = jobs_cluster
     c.ok("run", "--name", "ok", "--", "true")
-    c.ok("run", "--name", "three", "--", "sh", "-c", "exit 3")
+    died = c.cli("run", "--name", "three", "--", "sh", "-c", "exit 3")  # at once: not "Started"
+    assert died.returncode == 1 and "failed at once on node01 (exit code 3)" in died.stderr
     c.ok("run", "--name", "slow", "--time", "3s", "--", "sleep", "60")
     assert _wait_state(c, "ok", {"succeeded"})["exit_code"] == 0
     failed = _wait_state(c, "three", {"failed"})

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_cli_conventions import one_line_error
-from test_jobs import _job, _screen_of, _wait_state
+from test_jobs import _job, _kill_where, _screen_of, _wait_state
 
 
 @pytest.fixture
@@ -141,3 +144,135 @@ def test_attach_print_with_the_configs_own_ssh_config_and_bad_input(c):
     one_line_error(c.cli("attach", "nosuch", "--print"), 1, "no job 'nosuch' of alice")
     c.ok("kill", "watched")
     one_line_error(c.cli("attach", "watched", "--print"), 1, "nothing to attach to")
+
+
+# -- a job that dies at once is not "Started" ---------------------------------------------------
+
+
+def test_a_job_that_dies_at_once_is_reported_with_its_code_and_log_not_started(c, tmp_path):
+    script = tmp_path / "trian.py"  # a typo: train.py is what exists
+    proc = c.cli("run", "--name", "typo", "--", "python3", str(script))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Started" not in proc.stdout and "Traceback" not in proc.stderr
+    head, *log = proc.stderr.splitlines()
+    assert head == (
+        "gpuclaim: error: job typo failed at once on node01 (exit code 2); the end of its log:"
+    )
+    assert len(log) == 1 and log[0].startswith("  python3: can't open file"), log
+    assert str(script) in log[0]
+    # a command that is not there, with --json: the job on stdout, the one line on stderr
+    proc = c.cli("run", "--json", "--name", "nocmd", "--", "no-such-command", "x")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["state"] == "failed"
+    assert json.loads(proc.stdout)["exit_code"] == 127
+    assert proc.stderr.splitlines() == [
+        "gpuclaim: error: job nocmd failed at once on node01 (exit code 127): cannot start "
+        "'no-such-command' on node01: No such file or directory (not on the PATH there)"
+    ]
+    # a missing workdir: one line that names it and its node, even with -q
+    missing = tmp_path / "nope"
+    proc = c.cli("run", "-q", "--name", "nowhere", "-C", str(missing), "--", "python3", "x.py")
+    one_line_error(
+        proc,
+        1,
+        f"job nowhere could not start: workdir {missing} does not exist on node01",
+    )
+    assert proc.stdout == ""
+    # the GPUs are free again, and a healthy job is still "Started", seen running
+    assert all(r["state"] == "free" for r in c.status())
+    job = c.json("run", "--name", "healthy", "--", "sleep", "30")
+    assert job["state"] == "running", job
+    started = c.cli("run", "--name", "healthy2", "--", "sleep", "30")
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.startswith("Started healthy2 on node01 GPU ")
+    assert "(running)" in started.stdout
+    c.ok("kill", "healthy")
+    c.ok("kill", "healthy2")
+    # one that is done at once says so, exit 0
+    done = c.cli("run", "--name", "quick", "--", "true")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.startswith("Ran quick on node01 GPU ") and "succeeded at once" in done.stdout
+
+
+# -- run --follow and logs -f: the job's exit code, and one line of how it ended ---------------
+
+ENDED = re.compile(r"^gpuclaim: job (\S+) (.*) after (\d+s|\d+m)$")
+
+
+def _last_line(proc):
+    line = proc.stderr.splitlines()[-1]
+    assert ENDED.match(line), proc.stderr
+    return line
+
+
+def test_run_follow_and_logs_f_exit_with_the_jobs_own_code(c):
+    script = "echo one; sleep 1; echo two >&2; exit 3"
+    proc = c.cli("run", "--follow", "--name", "three", "--", "sh", "-c", script)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "one\ntwo\n"  # stdout is the job's output alone
+    assert proc.stderr.startswith("Started three on node01 GPU ")  # gpuclaim's own: stderr
+    assert _last_line(proc).startswith("gpuclaim: job three failed (exit code 3) after ")
+    # logs -f of the ended job: the same code and line
+    again = c.cli("logs", "three", "-f")
+    assert (again.returncode, again.stdout) == (3, "one\ntwo\n")
+    assert _last_line(again).startswith("gpuclaim: job three failed (exit code 3) after ")
+    assert c.cli("logs", "three").returncode == 0  # without -f it only shows the log
+    fine = c.cli("run", "-f", "--name", "fine", "--", "sh", "-c", "sleep 1; echo fine")
+    assert (fine.returncode, fine.stdout) == (0, "fine\n"), fine.stderr
+    assert _last_line(fine).startswith("gpuclaim: job fine succeeded after ")
+    # one that never ran: its reason, exit 1
+    nowhere = c.cli("run", "-f", "--name", "nowhere", "-C", "/no/such", "--", "true")
+    assert nowhere.returncode == 1
+    assert _last_line(nowhere) == (
+        "gpuclaim: job nowhere failed (workdir /no/such does not exist on node01; exit code 1) "
+        "after 0s"
+    )
+    one_line_error(c.cli("run", "-f", "--json", "--", "true"), 2, "--follow")
+
+
+def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c):
+    c.ok("run", "--name", "victim", "--", "sleep", "300")
+    follower = _follow_in_background(c, "victim")
+    watcher = _follow_in_background(c, "victim")
+    time.sleep(1.5)
+    watcher.send_signal(signal.SIGINT)  # Ctrl-C stops following, not the job
+    _, said = watcher.communicate(timeout=10)
+    assert watcher.returncode == 130, said
+    assert said.strip().splitlines()[-1] == (
+        "gpuclaim: stopped following; job victim goes on (gpuclaim kill victim stops it)"
+    )
+    assert _job(c, "victim")["state"] == "running"
+    c.ok("kill", "victim")
+    _, said = follower.communicate(timeout=30)
+    assert follower.returncode == 143, said  # 128 + SIGTERM, as a shell says it
+    assert said.splitlines()[-1].startswith("gpuclaim: job victim was killed (exit code 143)")
+
+    late = c.cli("run", "-f", "--time", "2s", "--name", "late", "--", "sleep", "60")
+    assert late.returncode == 124, late.stderr  # as timeout(1)
+    assert _last_line(late).startswith(
+        "gpuclaim: job late reached its time limit of 2s (exit code 124) after "
+    )
+
+    job = c.json("run", "--name", "gone", "--", "sleep", "300")
+    follower = _follow_in_background(c, "gone")
+    time.sleep(1.0)
+    # the node "reboots": wrapper, job and tmux server vanish at once; nobody else looks
+    assert _kill_where({}, job["id"].encode()) >= 1
+    assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
+    c.testbed.ssh("node01", "tmux kill-server")
+    t0 = time.monotonic()
+    _, said = follower.communicate(timeout=60)
+    assert follower.returncode == 255, said
+    assert "was lost: its node, tmux or wrapper went away (exit code 255)" in said
+    assert time.monotonic() - t0 < 15  # three missed heartbeats of 1 s, and a look every 5 s
+
+
+def _follow_in_background(c, name):
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "logs", name, "-f"],
+        env=c.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

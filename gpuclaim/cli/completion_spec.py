@@ -214,6 +214,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'value': None,
                                    'multiple': False,
                                    'help': 'Queue it and wait until it starts.'},
+                                  {'names': ['-f', '--follow'],
+                                   'value': None,
+                                   'multiple': False,
+                                   'help': 'Then print its output until it ends; exit with its '
+                                           'exit code.'},
                                   {'names': ['--json'],
                                    'value': None,
                                    'multiple': False,
@@ -251,7 +256,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                        'options': [{'names': ['-f', '--follow'],
                                     'value': None,
                                     'multiple': False,
-                                    'help': 'Keep printing until it ends.'},
+                                    'help': 'Keep printing until it ends; exit with its exit '
+                                            'code.'},
                                    {'names': ['-n', '--lines'],
                                     'value': '',
                                     'multiple': False,

@@ -34,12 +34,21 @@ def run(
     uuids: bool = typer.Option(False, "--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs."),
     queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
     wait: bool = typer.Option(False, "--wait", help="Queue it and wait until it starts."),
+    follow: bool = typer.Option(
+        False,
+        "-f",
+        "--follow",
+        help="Then print its output until it ends; exit with its exit code.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
-    """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free)."""
+    """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free,
+    1 if it dies at once; with --follow, the job's own exit code)."""
     from gpuclaim.jobs import RunRequest
 
+    if follow and as_json:
+        raise UsageError("--follow prints the job's output, not JSON: use one of them")
     st = state(ctx)
     req = RunRequest(
         user=st.user,
@@ -54,28 +63,87 @@ def run(
         visible_as="uuid" if uuids else "index",
         queue=queue or wait,
     )
-    _submit_and_report(st, req, wait, as_json, quiet)
+    job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
+    if follow:
+        raise typer.Exit(_follow(st, job, 0, 0, quiet))
 
 
 def _submit_and_report(
-    st: AppState, req: Any, wait: bool, as_json: bool, quiet: bool = False
+    st: AppState,
+    req: Any,
+    wait: bool,
+    as_json: bool,
+    quiet: bool = False,
+    follow: bool = False,
 ) -> Any:
-    from gpuclaim.jobs import submit_job
+    """Start (or queue) the job and say so. A batch job is watched through its first moment
+    (at most FIRST_MOMENT_S): one that dies at once is reported with its exit code and the
+    end of its log, exit 1, not as started. With ``follow`` the caller follows it instead."""
+    from gpuclaim.jobs import first_bad_rank, submit_job, watch_first_moment
 
     with waiting("starting the job", quiet):
         job = submit_job(st.config, st.store, req, st.prober, st.ops)
     completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
     if wait and job.state == "queued":
         job = _wait_until_started(st, job, quiet)
-    if quiet:
-        pass
-    elif as_json:
+    if req.kind == "batch" and job.state in ("starting", "running") and not follow:
+        with waiting("starting the job", quiet):
+            job = watch_first_moment(st.store, job)
+    bad = first_bad_rank(job) is not None or job.state in ("failed", "killed", "timeout", "lost")
+    if as_json:
         print_json(job.to_dict())
-    else:
-        _print_job_started(job)
-    if job.state in ("failed", "killed"):
+    elif not quiet and not bad:
+        _print_job_started(job, hints=not follow)
+    if bad:
+        _say_early_end(st, job)
         raise typer.Exit(ExitCode.ERROR)
     return job
+
+
+def _say_early_end(st: AppState, job: Any) -> None:
+    """``gpuclaim: error: job X failed at once on node01 (exit code 2); the end of its log:``
+    and those lines, indented: what a user needs instead of 'Started'."""
+    from gpuclaim.jobs import FINAL_STATES, exit_code_of, first_bad_rank
+
+    rank = first_bad_rank(job) or (job.ranks[0] if job.ranks else None)
+    own = job.reason if job.reason and not job.reason.startswith("exit status") else ""
+    if rank is None:  # it never got a node (taken out of the queue while we waited)
+        said = f"job {job.name} was {job.state}" + (f": {own}" if own else "")
+        sys.stderr.write(f"gpuclaim: error: {said}\n")
+        return
+    where = f" on {rank.node}" + (f" (rank {rank.rank})" if len(job.ranks) > 1 else "")
+    code = exit_code_of(job) if job.state in FINAL_STATES else (rank.exit_code or 1)
+    if rank.state == "failed" and rank.exit_code is None:
+        if own.endswith(f" on {rank.node}") and len(job.ranks) == 1:
+            where = ""  # the reason names the node: 'workdir /x does not exist on node01'
+        head = f"job {job.name} could not start{where}: {own or 'see its log'}"
+    elif rank.state == "failed":
+        head = f"job {job.name} failed at once{where} (exit code {code})"
+        head += f": {own}" if own else ""
+    else:
+        head = f"job {job.name} ended at once{where}: {rank.state} (exit code {code})"
+    tail = [line for line in _log_tail(st, rank, 10) if line.strip() and line != f"gpuclaim: {own}"]
+    _flush_stdout()
+    sys.stderr.write(f"gpuclaim: error: {head}" + ("; the end of its log:\n" if tail else "\n"))
+    sys.stderr.write("".join(f"  {line}\n" for line in tail))
+    sys.stderr.flush()
+
+
+def _log_tail(st: AppState, rank: Any, lines: int) -> list[str]:
+    if not rank.log:
+        return []
+    try:
+        chunk = st.ops.read_log(st.config.node(rank.node), rank.log, tail=lines)
+    except GpuclaimError:
+        return []
+    return str(chunk["data"]).splitlines()
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
 
 
 def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
@@ -110,15 +178,22 @@ def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
             status_ctx.__exit__(None, None, None)
 
 
-def _print_job_started(job: Any) -> None:
-    console = out()
+def _print_job_started(job: Any, hints: bool = True) -> None:
+    """On stdout; with ``hints`` off (run --follow, whose stdout is the job's) on stderr."""
+    console = out() if hints else err()
     if job.state == "queued":
         console.print(f"Queued {job.name}: it starts when its GPUs are free (gpuclaim jobs).")
         return
     where = "; ".join(f"{r.node} GPU {','.join(map(str, r.gpus))}" for r in job.ranks)
+    if job.state == "succeeded":  # it was done within its first moment
+        console.print(f"Ran {job.name} on {where}: it succeeded at once.")
+        if hints:
+            console.print(f"  logs:   gpuclaim logs {job.name}")
+        return
     console.print(f"Started {job.name} on {where} ({job.state}), tmux session {job.session}.")
-    console.print(f"  logs:   gpuclaim logs {job.name} -f")
-    console.print(f"  attach: gpuclaim attach {job.name}")
+    if hints:
+        console.print(f"  logs:   gpuclaim logs {job.name} -f")
+        console.print(f"  attach: gpuclaim attach {job.name}")
 
 
 def jobs(
@@ -165,12 +240,14 @@ def logs(
     name: str = typer.Argument(
         ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
     ),
-    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until it ends."),
+    follow: bool = typer.Option(
+        False, "-f", "--follow", help="Keep printing until it ends; exit with its exit code."
+    ),
     lines: int = typer.Option(50, "-n", "--lines", min=0, help="Last lines to show (0: all)."),
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
 ) -> None:
     """Show a job's output (from the log file on its node)."""
-    from gpuclaim.jobs import FINAL_STATES, find_job
+    from gpuclaim.jobs import find_job
 
     st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
@@ -184,15 +261,53 @@ def logs(
         else st.ops.read_log(node, r.log or "")
     )
     _write(chunk["data"])
-    offset = chunk["offset"]
-    while follow:
-        job = find_job(st.store, st.user, job.id, active_only=False)
-        chunk = st.ops.read_log(node, r.log or "", offset=offset)
-        _write(chunk["data"])
-        offset = chunk["offset"]
-        if job.state in FINAL_STATES and not chunk["data"]:
-            break
-        time.sleep(1.0)
+    if follow:
+        raise typer.Exit(_follow(st, job, rank, int(chunk["offset"])))
+
+
+FOLLOW_POLL_S = 0.5
+LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
+
+
+def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False) -> int:
+    """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
+    of how it ended; returns the exit code for it (``exit_code_of``)."""
+    from gpuclaim.errors import UnreachableError
+    from gpuclaim.jobs import FINAL_STATES, exit_code_of, observed_state, outcome_line, reload_job
+
+    r = job.ranks[rank]
+    node = st.config.node(r.node)
+    next_look = time.monotonic() + LOOK_EVERY_S
+    try:
+        while True:
+            job = reload_job(st.store, job)
+            final = job.state in FINAL_STATES
+            if not final and time.monotonic() >= next_look:
+                next_look = time.monotonic() + LOOK_EVERY_S
+                if observed_state(job, st.store.snapshot().claims) == "lost":
+                    job, final = job.with_(state="lost"), True
+            try:
+                chunk = st.ops.read_log(node, r.log or "", offset=offset)
+            except UnreachableError:
+                if final:
+                    break  # the rest of the log is on a node we cannot reach now
+                chunk = {"data": "", "offset": offset}  # it may come back; heartbeats tell
+            _write(chunk["data"])
+            offset = int(chunk["offset"])
+            if final and not chunk["data"]:
+                break
+            if not chunk["data"]:
+                time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"\ngpuclaim: stopped following; job {job.name} goes on "
+            f"(gpuclaim kill {job.name} stops it)\n"
+        )
+        return 130
+    if not quiet:
+        _flush_stdout()
+        sys.stderr.write(f"gpuclaim: {outcome_line(job, time.time())}\n")
+    return exit_code_of(job)
 
 
 def _write(text: str) -> None:
