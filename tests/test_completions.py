@@ -345,7 +345,7 @@ def test_fish_completion(sim: Any, bin_dir: Path, tmp_path: Path) -> None:
         return proc.stdout.splitlines()
 
     assert complete("gpuclaim st") == [
-        "status\tShow every GPU: free, claimed, busy-unclaimed, stale, unreachable."
+        "status\tEvery GPU: free, claimed, busy-unclaimed, stale, unreachable."
     ]
     assert complete("gpuclaim claim --no") == [
         "--node\tOnly on this node.",

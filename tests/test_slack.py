@@ -97,7 +97,9 @@ def test_job_start_and_end_arrive_once_with_fields(make_cluster, slack):
     c = make_cluster({"node01": 2}, fast=True)
     _with_slack(c, slack.url)
     c.ok("run", "--name", "ok-job", "--", "true")
-    c.ok("run", "-n", "2", "--name", "bad-job", "--", "sh", "-c", "echo boom-line; exit 3")
+    # dies at once: run itself says so (exit 1); Slack hears of it from the node
+    bad = c.cli("run", "-n", "2", "--name", "bad-job", "--", "sh", "-c", "echo boom-line; exit 3")
+    assert bad.returncode == 1 and "exit code 3" in bad.stderr, bad.stderr
     slack.wait_for("ok-job* succeeded".replace("*", ""), 1)
     failed = slack.wait_for("bad-job failed", 1)[0]
     assert "exit code 3" in failed
@@ -233,7 +235,7 @@ def test_user_and_job_text_cannot_become_slack_markup(make_cluster, slack):
     _with_slack(c, slack.url, events=["claim", "job_ended"])
     hostile = "<https://evil.example|click> & <!here>"
     c.ok("claim", "-n", "1", "--note", hostile)
-    c.ok(
+    loud = c.cli(
         "run",
         "--name",
         "loud-job",
@@ -242,6 +244,7 @@ def test_user_and_job_text_cannot_become_slack_markup(make_cluster, slack):
         "-c",
         "echo 'progress <!channel> <@U0BOSS> a&b'; exit 2",
     )
+    assert loud.returncode == 1, loud.stderr  # it died at once
     claim = slack.wait_for("claimed", 1)[0]
     failed = slack.wait_for("loud-job failed", 1)[0]
     messages = [
