@@ -135,8 +135,7 @@ def group_cluster() -> Iterator[GroupCluster]:
         cluster.python, cluster.python_env = python, python_env
         for path in (base / "c", *(p for p in (base / "c").iterdir())):
             path.chmod(path.stat().st_mode | 0o755 if path.is_dir() else 0o644)
-        # the store's directory, as an admin makes it: mkdir, the group, chmod 2775
-        cluster.storage.mkdir()
+        # the store's directory, as an admin makes it: mkdir (SimCluster did), the group, 2775
         os.chown(cluster.storage, 0, gid)
         cluster.storage.chmod(0o2775)
         for name in USERS:

@@ -97,6 +97,10 @@ def test_job_start_and_end_arrive_once_with_fields(make_cluster, slack):
     c = make_cluster({"node01": 2}, fast=True)
     _with_slack(c, slack.url)
     c.ok("run", "--name", "ok-job", "--", "true")
+    deadline = time.monotonic() + 15  # its wrapper gives the GPU back as it ends
+    while any(r["state"] != "free" for r in c.status()):
+        assert time.monotonic() < deadline, c.status()
+        time.sleep(0.2)
     # dies at once: run itself says so (exit 1); Slack hears of it from the node
     bad = c.cli("run", "-n", "2", "--name", "bad-job", "--", "sh", "-c", "echo boom-line; exit 3")
     assert bad.returncode == 1 and "exit code 3" in bad.stderr, bad.stderr
