@@ -128,6 +128,7 @@ def bench_idle(
         from testbed import Testbed
 
         testbed = Testbed.up(nodes, gpus=gpus)
+        (root / "store").mkdir()  # as an admin makes a store's directory
         config = render_config(
             cluster="bench",
             nodes=testbed.nodes,

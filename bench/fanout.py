@@ -65,6 +65,7 @@ def bench_n(
         home = work / f"home{n}"
         home.mkdir(exist_ok=True)
         config = work / f"config{n}.toml"
+        (work / f"store{n}").mkdir(exist_ok=True)  # as an admin makes a store's directory
         config.write_text(
             render_config(
                 cluster="bench",

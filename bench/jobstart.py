@@ -50,6 +50,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
             work = Path(tmp)
             config = work / "config.toml"
+            (work / "store").mkdir()  # as an admin makes a store's directory
             config.write_text(
                 render_config(
                     cluster="bench",

@@ -70,6 +70,7 @@ def main() -> None:
         tb = Testbed.up(args.nodes, gpus=8)
         try:
             config = Path(tmp) / "config.toml"
+            (Path(tmp) / "store").mkdir(exist_ok=True)  # as an admin makes a store's directory
             config.write_text(
                 render_config(
                     cluster="bench",
