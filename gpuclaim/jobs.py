@@ -694,7 +694,9 @@ def watch_first_moment(
     while True:
         job = reload_job(store, job)
         now = time.monotonic()
-        if job.state in FINAL_STATES or first_bad_rank(job) is not None:
+        # A one-node job's end is recorded as the rank's, then the job's (with its reason):
+        # wait for the job's. A gang's failed rank is news at once (its others still stop).
+        if job.state in FINAL_STATES or (len(job.ranks) > 1 and first_bad_rank(job)):
             return job
         if job.ranks and all(r.state == "running" for r in job.ranks):
             running_since = running_since or now

@@ -1130,10 +1130,17 @@ def _link_exclusive(src: Path, dst: Path) -> bool:
         os.link(src, dst)
         return True
     except FileExistsError:
-        try:
-            return os.path.samefile(src, dst)
-        except OSError:
-            return False
+        pass
+    except OSError as exc:
+        # SFTP (sshfs) has no "exists" answer for a hard link: a target made by another
+        # host between sshfs's lookup and the link comes back as EPERM (seen: 1 racing
+        # claimer in 24-82 failed so). Only a target that really is there means taken.
+        if exc.errno not in (errno.EPERM, errno.EACCES) or not os.path.lexists(dst):
+            raise
+    try:
+        return os.path.samefile(src, dst)
+    except OSError:
+        return False
 
 
 def _break_lock(lock: Path) -> None:

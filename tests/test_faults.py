@@ -201,6 +201,48 @@ def test_node_sshd_killed_mid_run(testbed, make_remote):
     assert all(r["state"] == "free" for r in c.status())
 
 
+def _sshfs(tb, node: str, real: Path, mnt: Path) -> None:
+    mnt.mkdir()
+    subprocess.run(
+        [
+            "sshfs",
+            "-F",
+            str(tb.ssh_config),
+            f"{node}:{real}",
+            str(mnt),
+            "-o",
+            "cache=no,attr_timeout=0,entry_timeout=0,negative_timeout=0",
+        ],
+        check=True,
+        timeout=30,
+    )
+
+
+def test_a_held_gpu_through_sshfs_is_held_not_a_storage_error(make_testbed, make_remote, tmp_path):
+    """Through sshfs a held GPU is 'held by alice' (exit 3), never a storage error. (When the
+    claim file appears between sshfs's lookup and its SFTP link, SFTP can only answer a
+    generic failure, which arrives as EPERM: the racing test below meets that case.)"""
+    if shutil.which("sshfs") is None:
+        pytest.fail("sshfs is missing: apt-get install sshfs", pytrace=False)
+    tb = make_testbed(1, gpus=2)
+    real = tmp_path / "server-store"
+    real.mkdir()
+    mnt = tmp_path / "mnt"
+    _sshfs(tb, "node01", real, mnt)
+    try:
+        (mnt / "store").mkdir()
+        c = make_remote(tb, storage=str(mnt / "store"))
+        mine = c.json("claim", "--gpu", "node01:0")
+        theirs = c.cli("claim", "--gpu", "node01:0", user="bob")
+        assert theirs.returncode == 3, theirs.stderr
+        assert "held by alice" in theirs.stderr, theirs.stderr
+        assert c.json("claim", "-n", "1", user="bob")["gpus"] == [1]
+        c.ok("release", mine["id"])
+        c.ok("release", "--all", user="bob")
+    finally:
+        subprocess.run(["fusermount", "-u", "-z", str(mnt)], capture_output=True)
+
+
 def test_racing_claims_through_sshfs_mounts_from_several_nodes(make_testbed, make_remote, tmp_path):
     """One store, seen through separate network-filesystem (sshfs) mounts, one per 'host';
     claimers race through different mounts: still never two holders of one GPU."""
@@ -213,20 +255,7 @@ def test_racing_claims_through_sshfs_mounts_from_several_nodes(make_testbed, mak
     try:
         for node in tb.nodes:
             mnt = tmp_path / f"mnt-{node}"
-            mnt.mkdir()
-            subprocess.run(
-                [
-                    "sshfs",
-                    "-F",
-                    str(tb.ssh_config),
-                    f"{node}:{real}",
-                    str(mnt),
-                    "-o",
-                    "cache=no,attr_timeout=0,entry_timeout=0,negative_timeout=0",
-                ],
-                check=True,
-                timeout=30,
-            )
+            _sshfs(tb, node, real, mnt)
             mounts.append(mnt)
         (mounts[0] / "store").mkdir()  # the admin's mkdir, seen through every mount
         clusters = [make_remote(tb, nodes=["node01"], storage=str(m / "store")) for m in mounts]
