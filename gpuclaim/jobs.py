@@ -6,8 +6,6 @@ starts queued jobs that now fit there), so it needs only the standard library.
 
 from __future__ import annotations
 
-import os
-import pwd
 import shlex
 import shutil
 import time
@@ -106,32 +104,13 @@ def attach_command(config: Config, node_name: str, session: str) -> list[str]:
     tmux = ["tmux", "attach-session", "-t", f"={session}"]
     if node.transport == "local":
         return tmux
+    from gpuclaim.remote.ssh import config_for_ssh_binary
+
     argv = [shutil.which("ssh") or "ssh", "-t"]
-    config_file = ssh_config_for_ssh(config)
+    config_file = config_for_ssh_binary(config.ssh_config_path)
     if config_file is not None:
         argv += ["-F", str(config_file)]
     return [*argv, node.host, " ".join(shlex.quote(a) for a in tmux)]
-
-
-def ssh_config_for_ssh(config: Config) -> Optional[Path]:
-    """What to give the ``ssh`` binary as ``-F`` so that it reads the config file gpuclaim's
-    own SSH reads (``load_ssh_config``): ``config.ssh_config_path`` when one is set, else
-    ``$HOME/.ssh/config``. ``ssh`` itself reads the passwd home's, so where ``$HOME`` is
-    elsewhere (sudo -E, a container, a test) it needs telling; None where they agree."""
-    if config.ssh_config_path is not None:
-        return config.ssh_config_path
-    ours = Path("~/.ssh/config").expanduser()
-    try:
-        theirs = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "config"
-    except KeyError:  # a uid without a passwd entry: ssh finds no home of its own
-        theirs = None
-    if theirs is not None and ours.resolve() == theirs.resolve():
-        return None
-    if ours.exists():
-        return ours
-    # we read only the system file then; -F alone keeps ssh from reading any other
-    system = Path("/etc/ssh/ssh_config")
-    return system if system.exists() else Path(os.devnull)
 
 
 def new_job_id() -> str:

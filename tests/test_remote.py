@@ -393,3 +393,21 @@ def test_a_jobs_gpus_show_the_jobs_time_left_and_short_names_the_node(testbed, m
     assert node == "node01" and indices.isdigit(), short.stdout
     c.ok("kill", "ten")
     c.ok("release", "--all")
+
+
+def test_openssh_transport_reads_the_same_ssh_config_as_everything_else(testbed, make_remote):
+    # No ssh_config in gpuclaim's config and a $HOME that is not the passwd home: the node
+    # aliases are only in $HOME/.ssh/config, which paramiko's side reads; the ssh binary
+    # (ssh_client = "openssh") reads the passwd home's unless it is told.
+    import pwd
+
+    c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
+    home = c.root / "laptop-home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copyfile(testbed.ssh_config, home / ".ssh" / "config")
+    lines = c.config_path.read_text().splitlines(keepends=True)
+    c.config_path.write_text("".join(x for x in lines if not x.startswith("ssh_config")))
+    assert Path(pwd.getpwuid(os.getuid()).pw_dir).resolve() != home.resolve()
+    proc = c.cli("status", "--json", HOME=str(home))
+    assert proc.returncode == 0, proc.stderr
+    assert {r["state"] for r in json.loads(proc.stdout)} == {"free"}

@@ -442,8 +442,14 @@ def notebook(
         time.sleep(0.5)
     if job.state not in ("starting", "running"):
         raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
+    import shlex
+
+    from gpuclaim.remote.ssh import config_for_ssh_binary
+
     host = st.config.node(job.ranks[0].node).host
-    tunnel = f"ssh -N -L {job.port}:localhost:{job.port} {host}"
+    config_file = config_for_ssh_binary(st.config.ssh_config_path)
+    with_file = f"-F {shlex.quote(str(config_file))} " if config_file else ""
+    tunnel = f"ssh {with_file}-N -L {job.port}:localhost:{job.port} {host}"
     if as_json:
         print_json({**job.to_dict(), "tunnel": tunnel})
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuclaim.config import Config
 from gpuclaim.remote.agent_client import AgentClient
-from gpuclaim.remote.ssh import SshPool
+from gpuclaim.remote.ssh import SshPool, config_for_ssh_binary
 
 
 def open_agent(config: Config) -> AgentClient:
@@ -12,7 +12,10 @@ def open_agent(config: Config) -> AgentClient:
         from gpuclaim.remote.openssh import OpenSshPool
 
         return AgentClient(
-            OpenSshPool(config.ssh_config_path, config.limits.connect_timeout_s),
+            # the ssh binary reads the config file the rest of gpuclaim reads
+            OpenSshPool(
+                config_for_ssh_binary(config.ssh_config_path), config.limits.connect_timeout_s
+            ),
             config.agent_command,
         )
     pool = SshPool(config.ssh_config_path, config.limits.connect_timeout_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +55,27 @@ def expand_includes(path: Path, base_dir: Path, depth: int = 0) -> str:
             continue
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def config_for_ssh_binary(explicit: Optional[Path]) -> Optional[Path]:
+    """What to give the ``ssh`` binary as ``-F`` so that it reads the config file gpuclaim's
+    own SSH reads (``load_ssh_config``): ``explicit`` when set, else ``$HOME/.ssh/config``.
+    ``ssh`` itself reads the passwd home's, so where ``$HOME`` is elsewhere (sudo -E, a
+    container, a test) it needs telling; None where the two agree."""
+    if explicit is not None:
+        return explicit.expanduser()
+    ours = Path("~/.ssh/config").expanduser()
+    try:
+        theirs: Optional[Path] = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "config"
+    except KeyError:  # a uid without a passwd entry: ssh finds no home of its own
+        theirs = None
+    if theirs is not None and ours.resolve() == theirs.resolve():
+        return None
+    if ours.exists():
+        return ours
+    # we read only the system file then; -F alone keeps ssh from reading any other
+    system = Path("/etc/ssh/ssh_config")
+    return system if system.exists() else Path(os.devnull)
 
 
 def load_ssh_config(explicit: Optional[Path]) -> Any:
