@@ -142,10 +142,11 @@ def release_claims(
             raise GpuclaimError(f"{user} holds no claims")
         targets = {cid: s for cid, s in mine.items() if jobs_too or not _held_by_a_job(s)}
         if not targets:
+            names = _job_names(store, mine)
             raise GpuclaimError(
-                f"all of {user}'s claims belong to running jobs ({_job_names(store, mine)}): "
+                f"all of {user}'s claims belong to running jobs ({names}): "
                 "they are released when the jobs end",
-                hint=f"stop them with 'gpuclaim kill {_job_names(store, mine).split(', ')[0]}'",
+                hint=f"stop them with 'gpuclaim kill {names.split(', ')[0]}'",
             )
     for cid in claim_ids:
         if cid not in snap.claims:
