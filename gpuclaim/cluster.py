@@ -141,9 +141,12 @@ def build_view(
     if inventories is None:
         enough = None
         if fits is not None:
-            early = store.snapshot()
+            read: list[Snapshot] = []  # read once, and only if a node is slow to answer
 
             def enough(answers: dict[str, NodeInventory]) -> bool:
+                if not read:
+                    read.append(store.snapshot())
+                early = read[0]
                 return any(
                     sum(
                         1

@@ -11,6 +11,7 @@ from typing import Callable, Generic, Optional, TypeVar
 from gpuclaim.errors import GpuclaimError
 
 T = TypeVar("T")
+ENOUGH_AFTER_S = 0.3  # nodes still answering after this are "slow": is what we have enough?
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ def fan_out(
     deadline is reported as timed out; its thread is abandoned (daemon: it never holds up
     the process's exit, unlike a ThreadPoolExecutor's workers).
 
-    With ``enough``: once the answers so far are enough (a claim fits on one of them), the
+    With ``enough`` (asked only once some node is slow, ENOUGH_AFTER_S: a cluster that
+    answers promptly never pays for it): once the answers so far are enough (a claim fits), the
     slower nodes get a short grace (half again the time the answers took, at least 0.3 s)
     and are then skipped, so a hanging node does not hold up what does not need it."""
     results: dict[str, Outcome[T]] = {}
@@ -65,8 +67,11 @@ def fan_out(
         while len(results) < len(nodes):
             now = time.monotonic()
             left = deadline_s - (now - start)
-            if enough is not None and enough_at is None and enough(dict(results)):
-                enough_at = now + max(0.3, 0.5 * (now - start))
+            if enough is not None and enough_at is None:
+                if now - start < ENOUGH_AFTER_S:
+                    left = min(left, start + ENOUGH_AFTER_S - now)
+                elif enough(dict(results)):
+                    enough_at = now + max(0.3, 0.5 * (now - start))
             if enough_at is not None:
                 left = min(left, enough_at - now)
             if left <= 0:
