@@ -39,11 +39,11 @@ sys.path.insert(0, str(REPO))
 
 from test_board_snapshots import services_for, synthetic_cluster  # noqa: E402
 
+from gpuclaim.app.configfile import render_config  # noqa: E402
 from gpuclaim.board.app import make_app  # noqa: E402
 from gpuclaim.board.cells import CellMemo  # noqa: E402
 from gpuclaim.board.data import NodeSample, read_board  # noqa: E402
 from gpuclaim.board.text import render_text  # noqa: E402
-from gpuclaim.configfile import render_config  # noqa: E402
 
 
 def median_ms(fn: Callable[[], Any], repeat: int) -> float:

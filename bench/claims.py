@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuclaim.errors import ConflictError  # noqa: E402
-from gpuclaim.identity import this_host  # noqa: E402
-from gpuclaim.model import Claim, ClaimedGpu  # noqa: E402
+from gpuclaim.core.errors import ConflictError  # noqa: E402
+from gpuclaim.core.identity import this_host  # noqa: E402
+from gpuclaim.core.model import Claim, ClaimedGpu  # noqa: E402
 from gpuclaim.store import ClaimStore, new_claim_id  # noqa: E402
 
 UUIDS = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(4)]
@@ -61,7 +61,7 @@ def primitive_latency(root: Path, repeat: int = 200) -> float:
 
 def cli_latency(repeat: int = 20) -> float:
     """`claim -n 1` + `release` through the CLI's entry point (one process, no start-up)."""
-    from gpuclaim.cli.main import main
+    from gpuclaim.entry.main import main
 
     samples = []
     for _ in range(repeat):
@@ -121,7 +121,7 @@ def main() -> None:
         base = Path(tmp)
         prim = primitive_latency(base / "s1")
         os.environ.update(GPUCLAIM_HOME=str(base / "home"), GPUCLAIM_USER="bench")
-        from gpuclaim.sandbox import create_sandbox
+        from gpuclaim.app.sandbox import create_sandbox
 
         os.environ["GPUCLAIM_CONFIG"] = str(create_sandbox(base / "demo"))
         cli = cli_latency()

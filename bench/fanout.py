@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from testbed import Testbed  # noqa: E402
 
-from gpuclaim.configfile import render_config  # noqa: E402
+from gpuclaim.app.configfile import render_config  # noqa: E402
 
 QUERY = (
     "nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu"
@@ -106,10 +106,10 @@ def bench_n(
 def _warm(config: Path, env: dict[str, str], repeat: int) -> float:
     code = (
         "import os,sys,time,statistics\n"
-        "from gpuclaim.config import load_config\n"
-        "from gpuclaim.cluster import NodeProber\n"
+        "from gpuclaim.app.configfile import load_config\n"
+        "from gpuclaim.app.wiring import make_prober\n"
         "cfg=load_config()\n"
-        "p=NodeProber(cfg); p.probe(cfg.nodes)\n"
+        "p=make_prober(cfg); p.probe(cfg.nodes)\n"
         "s=[]\n"
         f"for _ in range({repeat}):\n"
         "    t=time.perf_counter(); inv=p.probe(cfg.nodes); s.append(time.perf_counter()-t)\n"

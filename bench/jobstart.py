@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from testbed import Testbed  # noqa: E402
 
-from gpuclaim.configfile import render_config  # noqa: E402
+from gpuclaim.app.configfile import render_config  # noqa: E402
 
 
 def wait_for(path: Path, text: str, timeout: float = 30.0) -> None:

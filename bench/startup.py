@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from testbed import Testbed  # noqa: E402
 
-from gpuclaim.configfile import render_config  # noqa: E402
+from gpuclaim.app.configfile import render_config  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuclaim.cli.main import main
+from gpuclaim.entry.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

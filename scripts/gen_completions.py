@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 def generated() -> dict[Path, str]:
     """Every generated file and the text it should have."""
     from gpuclaim.cli.completion import SCRIPT_NAMES, build_spec, render_spec_module, script
-    from gpuclaim.cli.main import build_app
+    from gpuclaim.entry.main import build_app
 
     files = {
         REPO / "gpuclaim" / "cli" / "completion_spec.py": render_spec_module(

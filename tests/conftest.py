@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
-from gpuclaim.configfile import render_config
+from gpuclaim.app.configfile import render_config
 
 pytest_plugins = ["testbed_fixtures"]
 
@@ -152,7 +152,7 @@ class SimCluster(CliDriver):
             self._record_fast_outputs()
 
     def _record_fast_outputs(self) -> None:
-        from gpuclaim.probe.smi_parse import APP_QUERY_FIELDS, GPU_QUERY_FIELDS
+        from gpuclaim.node.probe.smi_parse import APP_QUERY_FIELDS, GPU_QUERY_FIELDS
 
         for node in self.nodes:
             env = self.node_env(node)

@@ -15,9 +15,9 @@ import pytest
 from gpuclaim.board.app import BoardApp, make_app
 from gpuclaim.board.dialogs import ClaimDialog, ConfirmDialog
 from gpuclaim.board.services import BoardOptions, BoardServices
-from gpuclaim.cli.board import board_services
 from gpuclaim.cli.common import AppState
-from gpuclaim.model import parse_iso
+from gpuclaim.core.model import parse_iso
+from gpuclaim.entry.board_command import board_services
 
 SIZE = (120, 30)
 
@@ -395,7 +395,7 @@ def test_a_jobs_gpu_shows_the_jobs_own_time_left(tmp_path, width):
 
 def test_a_jobs_time_left_on_the_board_is_what_gpuclaim_jobs_says(make_cluster):
     """The real CLI: ``run --time 2h``, then ``board --once`` and ``jobs`` agree."""
-    from gpuclaim.durations import format_duration
+    from gpuclaim.core.durations import format_duration
 
     c = make_cluster({"bd01": 2}, fast=True)
     c.ok("run", "--node", "bd01", "--name", "train", "--time", "2h", "--", "sleep", "600")

@@ -16,10 +16,10 @@ from typing import Any
 
 from gpuclaim.board.app import make_app
 from gpuclaim.board.services import BoardOptions, BoardServices
-from gpuclaim.cluster import NodeProber
-from gpuclaim.config import Config, NodeConfig
-from gpuclaim.jobs import CLAIM_MARGIN_S, NodeOps
-from gpuclaim.model import Claim, ClaimedGpu, Gpu, GpuProcess, Job, JobRank, NodeInventory
+from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.model import Claim, ClaimedGpu, Gpu, GpuProcess, Job, JobRank, NodeInventory
+from gpuclaim.engine.cluster import NodeProber
+from gpuclaim.engine.jobs import CLAIM_MARGIN_S, NodeOps
 from gpuclaim.store import ClaimStore
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC: the storage clock and the board's, pinned

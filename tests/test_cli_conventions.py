@@ -22,7 +22,7 @@ import typer
 from test_slack import FakeSlack, _with_slack
 
 from gpuclaim import __version__
-from gpuclaim.cli.main import build_app
+from gpuclaim.entry.main import build_app
 
 ESC = "\x1b"
 COLOUR = re.compile(r"\x1b\[[0-9;]*(?:3[0-9]|9[0-7]|4[0-9]|10[0-7])[0-9;]*m")

@@ -213,13 +213,13 @@ def _complete_bash(env: dict[str, str], line: str) -> subprocess.CompletedProces
 # -- fast, and without typer --------------------------------------------------------------------
 
 HEAVY = ("typer", "click", "rich", "textual", "fabric", "paramiko", "invoke", "pynvml")
-CORE_IO = ("gpuclaim.cluster", "gpuclaim.store", "gpuclaim.remote", "gpuclaim.probe")
+CORE_IO = ("gpuclaim.engine.cluster", "gpuclaim.store", "gpuclaim.remote", "gpuclaim.node.probe")
 
 
 def test_completion_imports_no_typer_and_probes_nothing(sim: Any, tmp_path: Path) -> None:
     probe = (
         "import sys\n"
-        "from gpuclaim.cli.main import main\n"
+        "from gpuclaim.entry.main import main\n"
         "code = main()\n"
         "sys.stdout.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n')\n"
         "sys.exit(code)\n"
@@ -244,7 +244,7 @@ def test_completion_imports_no_typer_and_probes_nothing(sim: Any, tmp_path: Path
 TIMED = (
     "import sys, time\n"
     "wall, cpu = time.perf_counter(), time.process_time()\n"
-    "from gpuclaim.cli.main import main\n"
+    "from gpuclaim.entry.main import main\n"
     "main()\n"
     "sys.stderr.write(f'{time.perf_counter() - wall} {time.process_time() - cpu}')\n"
 )

@@ -21,7 +21,7 @@ TRIALS = 200
 
 
 def _claim_release_forever(env: dict, seed: int) -> None:
-    from gpuclaim.cli.main import main
+    from gpuclaim.entry.main import main
 
     os.environ.update(env)
     rng = random.Random(seed)
@@ -112,9 +112,9 @@ def test_killed_cli_process_mid_claim(make_cluster):
 
 def _store_loop(root: str, seed: int) -> None:
     """Claim and release straight on the store, so kills land inside link/unlink/lock code."""
-    from gpuclaim.errors import ConflictError
-    from gpuclaim.identity import this_host
-    from gpuclaim.model import Claim, ClaimedGpu
+    from gpuclaim.core.errors import ConflictError
+    from gpuclaim.core.identity import this_host
+    from gpuclaim.core.model import Claim, ClaimedGpu
     from gpuclaim.store import new_claim_id
 
     store = ClaimStore(root)
@@ -155,7 +155,7 @@ def test_sigkill_inside_store_operations(tmp_path):
         proc.join()
         _check_invariants(store, after_gc=False)
         partial_seen += any(s.reason == "incomplete" for s in store.snapshot().claims.values())
-    from gpuclaim.claims import collect_garbage
+    from gpuclaim.engine.claims import collect_garbage
 
     collect_garbage(store, "admin")
     _check_invariants(store, after_gc=True)

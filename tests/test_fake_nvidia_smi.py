@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
-from gpuclaim.probe.smi_parse import (
+from gpuclaim.node.probe.smi_parse import (
     APP_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
     attach_processes,

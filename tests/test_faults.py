@@ -42,7 +42,7 @@ def test_laptop_clock_off_by_ten_minutes(make_cluster, offset):
     assert proc.returncode == 0, proc.stderr
     claim = json.loads(proc.stdout)
     # since/expires are on the storage's clock, not the skewed one
-    from gpuclaim.model import parse_iso
+    from gpuclaim.core.model import parse_iso
 
     since = parse_iso(claim["since"])
     assert abs(since - time.time()) < 30

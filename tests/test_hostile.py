@@ -12,10 +12,10 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuclaim.config import parse_config
-from gpuclaim.durations import parse_duration
-from gpuclaim.errors import ConfigError, UsageError
-from gpuclaim.identity import validate_name
+from gpuclaim.core.config import parse_config
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import ConfigError, UsageError
+from gpuclaim.core.identity import validate_name
 
 SETTINGS = settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -85,7 +85,7 @@ def test_any_config_document_loads_or_is_refused_with_the_key(raw):
 
 
 def _main(args: list[str]) -> tuple[int, str, str]:
-    from gpuclaim.cli.main import main
+    from gpuclaim.entry.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

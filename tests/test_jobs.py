@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuclaim.model import parse_iso
+from gpuclaim.core.model import parse_iso
 
 
 def _job(c, name, user="alice"):

@@ -23,7 +23,7 @@ ROUNDS = 500
 
 def _cli_in_process(args: list[str]) -> tuple[int, str]:
     """The real CLI entry point (parsing, config, store), minus the interpreter start-up."""
-    from gpuclaim.cli.main import main
+    from gpuclaim.entry.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

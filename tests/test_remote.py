@@ -291,7 +291,7 @@ def test_storage_over_ssh_claim_release_and_clock(testbed, make_remote):
 
 
 def _ssh_racer(env: dict, user: str, rounds: int, barrier, out: str, seed: int) -> None:
-    from gpuclaim.cli.main import main
+    from gpuclaim.entry.main import main
 
     os.environ.update(env)
     os.environ["GPUCLAIM_USER"] = user

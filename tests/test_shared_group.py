@@ -52,7 +52,7 @@ def _interpreter_for_others() -> tuple[str, dict[str, str]]:
     python3 of the same version, given the venv's site-packages."""
     site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
-    probe = "import gpuclaim.cli.main, paramiko, textual"
+    probe = "import gpuclaim.entry.main, paramiko, textual"
     for candidate in (sys.executable, "/usr/bin/python3"):
         try:
             proc = subprocess.run(

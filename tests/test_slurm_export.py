@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuclaim.errors import ConfigError, UsageError
-from gpuclaim.hardware import normalize_bus_id, parse_cpu_list, probe_hardware, real_memory
-from gpuclaim.model import Job, JobRank
-from gpuclaim.probe.smi_parse import parse_list_gpus, parse_query_gpu, parse_query_xml
-from gpuclaim.slurm_export import (
+from gpuclaim.app.slurm_export import (
     DB_PASSWORD_PLACEHOLDER,
     HISTORY,
     ExportOptions,
@@ -46,6 +42,10 @@ from gpuclaim.slurm_export import (
     slurm_type_name,
     ssh_address,
 )
+from gpuclaim.core.errors import ConfigError, UsageError
+from gpuclaim.core.model import Job, JobRank
+from gpuclaim.node.hardware import normalize_bus_id, parse_cpu_list, probe_hardware, real_memory
+from gpuclaim.node.probe.smi_parse import parse_list_gpus, parse_query_gpu, parse_query_xml
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -407,7 +407,7 @@ def test_a_hostname_slurm_cannot_use_is_refused(hostname):
 
 
 def test_ssh_address_is_the_hostname_ssh_config_gives_the_alias(tmp_path, monkeypatch):
-    from gpuclaim.config import parse_config
+    from gpuclaim.core.config import parse_config
 
     monkeypatch.delenv("GPUCLAIM_SSH_CONFIG", raising=False)
     ssh_config = tmp_path / "ssh_config"
@@ -442,7 +442,7 @@ def test_hostlist():
 
 
 def test_nothing_answered_is_an_error():
-    from gpuclaim.errors import UsageError
+    from gpuclaim.core.errors import UsageError
 
     with pytest.raises(UsageError):
         render_slurm_conf([], ExportOptions("t"))
@@ -585,7 +585,7 @@ def test_sbatch_directive_values_survive_sbatchs_parser(value):
 
 
 def test_sbatch_refuses_what_an_sbatch_line_cannot_hold():
-    from gpuclaim.errors import UsageError
+    from gpuclaim.core.errors import UsageError
 
     with pytest.raises(UsageError):
         render_sbatch(_job(workdir="/tmp/two\nlines"))
@@ -638,7 +638,7 @@ def test_job_gpu_type_is_the_type_of_the_gpus_it_ran_on():
 
 
 def test_interactive_jobs_have_no_batch_script():
-    from gpuclaim.errors import UsageError
+    from gpuclaim.core.errors import UsageError
 
     with pytest.raises(UsageError, match="srun --gres=gpu:h100:2 --pty bash"):
         render_sbatch(_job(kind="shell"), "h100")
@@ -732,7 +732,7 @@ def test_real_memory_is_a_little_under_the_total():
 
 
 def test_agent_answers_the_hardware_op():
-    from gpuclaim.agent import handle
+    from gpuclaim.node.agent import handle
 
     answer = handle({"op": "hardware"})
     assert answer["result"]["cpus"] >= 1 and "gpu_minors" in answer["result"]

@@ -31,8 +31,7 @@ from slurm_testbed import (
 )
 from testbed_fixtures import wrap_sshd
 
-from gpuclaim.hardware import probe_hardware
-from gpuclaim.slurm_export import (
+from gpuclaim.app.slurm_export import (
     ExportOptions,
     GpuSlot,
     NodeSpec,
@@ -40,6 +39,7 @@ from gpuclaim.slurm_export import (
     render_gres_conf,
     render_slurm_conf,
 )
+from gpuclaim.node.hardware import probe_hardware
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100 80GB PCIe"

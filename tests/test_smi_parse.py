@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import pytest
 
-from gpuclaim.model import Gpu, GpuProcess
-from gpuclaim.probe.smi_parse import (
+from gpuclaim.core.model import Gpu, GpuProcess
+from gpuclaim.node.probe.smi_parse import (
     APP_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
     attach_mig_devices,
@@ -327,8 +327,8 @@ def test_looks_like_no_driver() -> None:
 
 def test_probe_nvml_without_a_driver_is_a_probe_error() -> None:
     """On a GPU-less machine NVML cannot start; on a GPU node the probe must succeed."""
-    from gpuclaim.errors import ProbeError
-    from gpuclaim.probe.nvml import probe_nvml
+    from gpuclaim.core.errors import ProbeError
+    from gpuclaim.node.probe.nvml import probe_nvml
 
     try:
         inventory = probe_nvml(NODE)

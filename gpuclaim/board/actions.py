@@ -9,13 +9,13 @@ from typing import Optional
 
 from gpuclaim.board.data import BoardData
 from gpuclaim.board.services import BoardServices
-from gpuclaim.claims import ClaimRequest, claim_gpus, release_claims
-from gpuclaim.cluster import GpuRow
-from gpuclaim.durations import format_duration
-from gpuclaim.errors import GpuclaimError
-from gpuclaim.identity import clean_note as core_clean_note
-from gpuclaim.jobs import dispatch_queue, kill_job
-from gpuclaim.model import Claim, Job
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.identity import clean_note as core_clean_note
+from gpuclaim.core.model import Claim, Job
+from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
+from gpuclaim.engine.cluster import GpuRow
+from gpuclaim.engine.jobs import dispatch_queue, kill_job
 
 
 @dataclass(frozen=True)

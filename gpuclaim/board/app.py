@@ -35,11 +35,11 @@ from gpuclaim.board.dialogs import ClaimDialog, ConfirmDialog, FilterDialog, Hel
 from gpuclaim.board.messages import ActionDone, BoardRead, LogChunk, NodeProbed, ReadFailed
 from gpuclaim.board.services import BoardServices
 from gpuclaim.board.widgets import BoardHeader, DetailBar, GpuTable, LogPanel
-from gpuclaim.cluster import GpuRow
-from gpuclaim.durations import format_duration
-from gpuclaim.errors import GpuclaimError
-from gpuclaim.jobs import attach_command
-from gpuclaim.model import Job, NodeInventory
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.model import Job, NodeInventory
+from gpuclaim.engine.cluster import GpuRow
+from gpuclaim.remote.terminal import attach_command
 
 USAGE_EVERY_S = 30.0  # how often the board's look counts towards idle claims
 

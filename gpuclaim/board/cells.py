@@ -15,11 +15,11 @@ from typing import Callable, Optional
 from rich.text import Text
 
 from gpuclaim.board.data import BoardData, Filters
-from gpuclaim.cli.render import STATE_STYLE
-from gpuclaim.cluster import GpuRow
-from gpuclaim.durations import format_duration
-from gpuclaim.jobs import CLAIM_MARGIN_S
-from gpuclaim.model import Claim
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.model import Claim
+from gpuclaim.core.states import STATE_STYLE
+from gpuclaim.engine.cluster import GpuRow
+from gpuclaim.engine.jobs import CLAIM_MARGIN_S
 
 GLYPH = {
     "free": "●",

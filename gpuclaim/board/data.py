@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuclaim.board.services import BoardServices
-from gpuclaim.cluster import ClusterView, GpuRow, build_view
-from gpuclaim.errors import StorageRefusesWrites
-from gpuclaim.idle import usage_view
-from gpuclaim.jobs import load_jobs, observed_state
-from gpuclaim.look import follow_up_look
-from gpuclaim.model import ACTIVE_JOB_STATES, Job, NodeInventory
+from gpuclaim.core.errors import StorageRefusesWrites
+from gpuclaim.core.model import Job, NodeInventory
+from gpuclaim.core.states import ACTIVE_JOB_STATES
+from gpuclaim.core.usage import usage_view
+from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view
+from gpuclaim.engine.job_records import load_jobs, observed_state
+from gpuclaim.engine.observe import follow_up_look
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from gpuclaim.board.actions import ClaimForm, clean_note
 from gpuclaim.board.cells import GLYPH, STYLE
-from gpuclaim.durations import format_duration, parse_duration
-from gpuclaim.errors import GpuclaimError, UsageError
+from gpuclaim.core.durations import format_duration, parse_duration
+from gpuclaim.core.errors import GpuclaimError, UsageError
 
 DIALOG_CSS = """
 .dialog { width: 64; height: auto; max-width: 100%; max-height: 100%; padding: 0 1;

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuclaim.cluster import NodeProber
-from gpuclaim.config import Config
-from gpuclaim.jobs import NodeOps
+from gpuclaim.core.config import Config
+from gpuclaim.engine.cluster import NodeProber
+from gpuclaim.engine.jobs import NodeOps
 from gpuclaim.store import Store
 
 

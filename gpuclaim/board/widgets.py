@@ -19,8 +19,8 @@ from gpuclaim.board.cells import (
     time_left,
 )
 from gpuclaim.board.data import BoardData
-from gpuclaim.cluster import GpuRow
-from gpuclaim.durations import format_duration
+from gpuclaim.core.durations import format_duration
+from gpuclaim.engine.cluster import GpuRow
 
 CellSig = tuple[str, str, tuple[object, ...]]
 

@@ -8,7 +8,7 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
-from gpuclaim.errors import ExitCode
+from gpuclaim.core.errors import ExitCode
 
 
 def gc(
@@ -17,7 +17,7 @@ def gc(
     quiet: bool = quiet_option(),
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
-    from gpuclaim.claims import collect_garbage
+    from gpuclaim.engine.claims import collect_garbage
 
     st = state(ctx)
     report = collect_garbage(st.store, st.user, st.prober, st.config)
@@ -60,7 +60,7 @@ def drain(
     quiet: bool = quiet_option(),
 ) -> None:
     """Stop new claims on NODE (existing claims stay until released)."""
-    from gpuclaim.claims import drain_node
+    from gpuclaim.engine.claims import drain_node
 
     st = state(ctx)
     drain_node(st.config, st.store, st.user, node, reason)
@@ -81,7 +81,7 @@ def undrain(
     quiet: bool = quiet_option(),
 ) -> None:
     """Allow new claims on NODE again."""
-    from gpuclaim.claims import undrain_node
+    from gpuclaim.engine.claims import undrain_node
 
     st = state(ctx)
     was_drained = undrain_node(st.config, st.store, st.user, node)
@@ -100,15 +100,15 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
     """Check every node: SSH, python3, tmux, GPUs and driver, storage, clock, agent."""
+    from gpuclaim.app.doctor import run_doctor
     from gpuclaim.cli import render
-    from gpuclaim.doctor import run_doctor
 
     st = state(ctx, looking=True)
     with waiting(f"checking {len(st.config.nodes)} node(s)"):
         report = run_doctor(st.config, st.store, st.prober)
     slack: list[tuple[str, str]] = []
     if st.config.slack.webhook_url:
-        from gpuclaim.notify import slack_problems
+        from gpuclaim.engine.notify import slack_problems
 
         slack = slack_problems(st.store.notify_state())
     if as_json:
@@ -134,8 +134,8 @@ def doctor(
 
 def _slurm_advice(st: Any, report: Any) -> Optional[str]:
     """Whether the team has outgrown gpuclaim: GPUs seen, users of the last 30 days, waits."""
-    from gpuclaim.jobs import load_jobs
-    from gpuclaim.slurm_export import queue_waits, slurm_advice
+    from gpuclaim.app.slurm_export import queue_waits, slurm_advice
+    from gpuclaim.engine.job_records import load_jobs
 
     now = st.store.now()
     since = now - 30 * 86400

@@ -8,9 +8,9 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
-from gpuclaim.durations import format_duration, parse_duration
-from gpuclaim.errors import UsageError
-from gpuclaim.identity import clean_note
+from gpuclaim.core.durations import format_duration, parse_duration
+from gpuclaim.core.errors import UsageError
+from gpuclaim.core.identity import clean_note
 
 
 def claim(
@@ -39,8 +39,8 @@ def claim(
     quiet: bool = quiet_option(),
 ) -> None:
     """Claim GPUs (exit 3 if nothing fits now)."""
-    from gpuclaim.claims import ClaimRequest, claim_gpus, parse_gpu_spec
     from gpuclaim.cli.render import claim_lines
+    from gpuclaim.engine.claims import ClaimRequest, claim_gpus, parse_gpu_spec
 
     if sum(x is not None and x is not False for x in (count, gpu, adopt or None)) > 1:
         raise UsageError("use one of -n, --gpu and --adopt")
@@ -89,7 +89,7 @@ def release(
     quiet: bool = quiet_option(),
 ) -> None:
     """Release claims: your own, or another user's with --force."""
-    from gpuclaim.claims import job_claims_of, parse_gpu_specs, release_claims
+    from gpuclaim.engine.claims import job_claims_of, parse_gpu_specs, release_claims
 
     st = state(ctx)
     specs = parse_gpu_specs(gpu or ())
@@ -130,7 +130,7 @@ def extend(
     quiet: bool = quiet_option(),
 ) -> None:
     """Give your own claim more time (within the cluster's limit)."""
-    from gpuclaim.claims import extend_claims
+    from gpuclaim.engine.claims import extend_claims
 
     st = state(ctx)
     extended = extend_claims(

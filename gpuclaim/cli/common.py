@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from gpuclaim import __version__
-from gpuclaim.identity import current_user
+from gpuclaim.core.identity import current_user
 
 if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
     from rich.console import Console
 
-    from gpuclaim.cluster import NodeProber
-    from gpuclaim.config import Config
-    from gpuclaim.jobs import NodeOps
+    from gpuclaim.core.config import Config
+    from gpuclaim.engine.cluster import NodeProber
+    from gpuclaim.engine.jobs import NodeOps
     from gpuclaim.store import Store
 
 
@@ -40,7 +40,7 @@ class AppState:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from gpuclaim.config import load_config
+            from gpuclaim.app.configfile import load_config
 
             self._config = load_config(self.config_path)
             for warning in self._config.warnings:
@@ -55,9 +55,11 @@ class AppState:
             self.refused(refusal)
         if self._config is None or self._store is None or not self._config.slack.webhook_url:
             return
-        from gpuclaim.errors import GpuclaimError
+        from gpuclaim.core.errors import GpuclaimError
 
         try:
+            from gpuclaim.app.wiring import deliver_now
+
             deliver_now(self.config, self._store, self.prober, self._config.slack.timeout_s)
         except GpuclaimError:
             pass  # delivery never fails a command; the next one tries again
@@ -70,21 +72,21 @@ class AppState:
     def prober(self) -> NodeProber:
         """One per process: it holds the SSH connections, reused by every command step."""
         if self._prober is None:
-            from gpuclaim.cluster import NodeProber
+            from gpuclaim.app.wiring import make_prober
 
-            self._prober = NodeProber(self.config)
+            self._prober = make_prober(self.config)
         return self._prober
 
     @property
     def ops(self) -> NodeOps:
-        from gpuclaim.jobs import NodeOps
+        from gpuclaim.engine.jobs import NodeOps
 
         return NodeOps(self.config, self.prober)
 
     def dispatch_quietly(self) -> None:
         """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon."""
-        from gpuclaim.errors import GpuclaimError, StorageRefusesWrites
-        from gpuclaim.jobs import dispatch_queue
+        from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
+        from gpuclaim.engine.jobs import dispatch_queue
 
         try:
             entries = self.store.queue_entries()
@@ -109,7 +111,7 @@ class AppState:
     def side_work(self) -> Iterator[None]:
         """Work a look does on the way (notices, cursors, samples): best effort when the
         storage refuses writes, said once."""
-        from gpuclaim.errors import StorageRefusesWrites
+        from gpuclaim.core.errors import StorageRefusesWrites
 
         try:
             yield
@@ -119,18 +121,9 @@ class AppState:
     @property
     def store(self) -> Store:
         if self._store is None:
-            storage = self.config.storage
-            store: Store
-            if storage.startswith("ssh://"):
-                from gpuclaim.remote.store_proxy import RemoteStore, parse_storage_url
+            from gpuclaim.app.wiring import open_store
 
-                host, root = parse_storage_url(storage)
-                store = RemoteStore(self.prober.agent, host, root)
-            else:
-                from gpuclaim.paths import host_lock_dir
-                from gpuclaim.store import ClaimStore
-
-                store = ClaimStore(self.config.storage_path, host_lock_dir())
+            store = open_store(self.config, self.prober)
             create = self.config.storage_default  # only this machine's own default store
             if self.looking:
                 with self.side_work():  # a layout it cannot make: read what is there
@@ -139,21 +132,6 @@ class AppState:
                 store.ensure(create=create)
             self._store = store
         return self._store
-
-
-def deliver_now(config: Config, store: Store, prober: NodeProber, budget_s: float) -> Any:
-    """Deliver here, or on the storage host when the storage is ssh://."""
-    from gpuclaim.store import ClaimStore
-
-    if isinstance(store, ClaimStore):
-        from gpuclaim.notify import deliver
-
-        return deliver(config, store, budget_s=budget_s)
-    from gpuclaim.remote.store_proxy import parse_storage_url
-
-    host, root = parse_storage_url(config.storage)
-    request = {"op": "notify_deliver", "root": root, "config": config.raw, "budget": budget_s}
-    return prober.agent.call(host, request, timeout=budget_s + 2 * config.slack.timeout_s + 5)
 
 
 def _version(value: bool) -> None:

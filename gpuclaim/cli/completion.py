@@ -118,7 +118,7 @@ def script(shell: str) -> str:
     try:
         return _SCRIPTS[shell]
     except KeyError:
-        from gpuclaim.errors import UsageError
+        from gpuclaim.core.errors import UsageError
 
         raise UsageError(
             f"no completion for the shell {shell!r}", hint=f"gpuclaim has {', '.join(SHELLS)}"
@@ -135,7 +135,7 @@ def detect_shell() -> str:
     except Exception:  # ImportError, or shellingham cannot tell (no /proc, odd parent)
         name = Path(os.environ.get("SHELL", "")).name
     if name not in SHELLS:
-        from gpuclaim.errors import UsageError
+        from gpuclaim.core.errors import UsageError
 
         raise UsageError(
             f"cannot install completion for the shell {name or '(unknown)'!r}",
@@ -363,7 +363,7 @@ def value_items(param: dict[str, Any], incomplete: str, config: Optional[str]) -
 def config_file(explicit: Optional[str] = None) -> Optional[Path]:
     """The config file a command would load (``--config``, ``$GPUCLAIM_CONFIG``, the user's);
     None when there is none (local mode)."""
-    from gpuclaim import paths
+    from gpuclaim.core import paths
 
     path = Path(explicit).expanduser() if explicit else paths.config_path()
     return path if path.is_file() else None
@@ -431,7 +431,7 @@ SOURCES: dict[str, Callable[[Optional[str]], list[tuple[str, str]]]] = {
 
 
 def cache_path() -> Path:
-    from gpuclaim import paths
+    from gpuclaim.core import paths
 
     return paths.data_dir() / "completion-cache.json"
 

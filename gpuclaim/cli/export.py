@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 
 from gpuclaim.cli.common import err, out, state
-from gpuclaim.errors import ExitCode, UsageError
+from gpuclaim.core.errors import ExitCode, UsageError
 
 app = typer.Typer(
     help="Write SLURM's configuration and job scripts, to move on to SLURM.",
@@ -40,7 +40,7 @@ def slurm(
     ),
 ) -> None:
     """slurm.conf, gres.conf, cgroup.conf and MIGRATION.md for this cluster's nodes."""
-    from gpuclaim import slurm_export as se
+    from gpuclaim.app import slurm_export as se
 
     st = state(ctx)
     nodes, skipped = se.gather_inventory(st.config, st.prober)
@@ -91,8 +91,8 @@ def sbatch(
     ),
 ) -> None:
     """An sbatch script per job: its command, environment, directory, GPUs and time limit."""
-    from gpuclaim.jobs import find_job, load_jobs
-    from gpuclaim.slurm_export import jobs_since
+    from gpuclaim.app.slurm_export import jobs_since
+    from gpuclaim.engine.job_records import find_job, load_jobs
 
     st = state(ctx)
     if (name is None) == (history is None):
@@ -125,8 +125,8 @@ def _scripts(
     st: Any, jobs: list[Any], all_users: bool
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """{file name: script}, and (job, why) for the jobs that have no batch form."""
-    from gpuclaim import slurm_export as se
-    from gpuclaim.errors import GpuclaimError
+    from gpuclaim.app import slurm_export as se
+    from gpuclaim.core.errors import GpuclaimError
 
     nodes, _ = se.gather_inventory(st.config, st.prober)
     scripts: dict[str, str] = {}

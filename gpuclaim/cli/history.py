@@ -9,9 +9,9 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import err, out, print_json, state
-from gpuclaim.durations import parse_duration
-from gpuclaim.errors import UsageError
-from gpuclaim.identity import validate_name
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import UsageError
+from gpuclaim.core.identity import validate_name
 
 
 def history(
@@ -32,8 +32,8 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """GPU-hours held, from the event log (and the claims held now)."""
+    from gpuclaim.app.history import GROUPINGS, claim_intervals, interval_dict, summarize
     from gpuclaim.cli.render import claims_history_table, history_table
-    from gpuclaim.history import GROUPINGS, claim_intervals, interval_dict, summarize
 
     if by not in GROUPINGS:
         raise UsageError(f"--by must be one of {', '.join(GROUPINGS)}, not {by!r}")

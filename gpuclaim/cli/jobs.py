@@ -13,8 +13,8 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
-from gpuclaim.durations import parse_duration
-from gpuclaim.errors import ExitCode, GpuclaimError, UsageError
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
 
 RUN_CONTEXT = {"allow_interspersed_args": False}  # everything after the command is its own
 
@@ -45,7 +45,7 @@ def run(
 ) -> None:
     """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free,
     1 if it dies at once; with --follow, the job's own exit code)."""
-    from gpuclaim.jobs import RunRequest
+    from gpuclaim.engine.jobs import RunRequest
 
     if follow and as_json:
         raise UsageError("--follow prints the job's output, not JSON: use one of them")
@@ -79,7 +79,8 @@ def _submit_and_report(
     """Start (or queue) the job and say so. A batch job is watched through its first moment
     (at most FIRST_MOMENT_S): one that dies at once is reported with its exit code and the
     end of its log, exit 1, not as started. With ``follow`` the caller follows it instead."""
-    from gpuclaim.jobs import first_bad_rank, submit_job, watch_first_moment
+    from gpuclaim.engine.job_watch import first_bad_rank, watch_first_moment
+    from gpuclaim.engine.jobs import submit_job
 
     with waiting("starting the job", quiet):
         job = submit_job(st.config, st.store, req, st.prober, st.ops)
@@ -103,7 +104,8 @@ def _submit_and_report(
 def _say_early_end(st: AppState, job: Any) -> None:
     """``gpuclaim: error: job X failed at once on node01 (exit code 2); the end of its log:``
     and those lines, indented: what a user needs instead of 'Started'."""
-    from gpuclaim.jobs import FINAL_STATES, exit_code_of, first_bad_rank
+    from gpuclaim.core.states import FINAL_STATES
+    from gpuclaim.engine.job_watch import exit_code_of, first_bad_rank
 
     rank = first_bad_rank(job) or (job.ranks[0] if job.ranks else None)
     own = job.reason if job.reason and not job.reason.startswith("exit status") else ""
@@ -147,7 +149,8 @@ def _flush_stdout() -> None:
 
 
 def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
-    from gpuclaim.jobs import dispatch_queue, find_job, queue_positions
+    from gpuclaim.engine.job_records import find_job, queue_positions
+    from gpuclaim.engine.jobs import dispatch_queue
 
     console = err()
     live = console.is_terminal and not quiet
@@ -203,7 +206,8 @@ def jobs(
 ) -> None:
     """List jobs: running and queued ones of everyone, and your recent ones."""
     from gpuclaim.cli.render import jobs_table
-    from gpuclaim.jobs import ACTIVE_JOB_STATES, load_jobs, observed_state, queue_positions
+    from gpuclaim.core.states import ACTIVE_JOB_STATES
+    from gpuclaim.engine.job_records import load_jobs, observed_state, queue_positions
 
     st = state(ctx, looking=True)
     st.dispatch_quietly()
@@ -247,7 +251,7 @@ def logs(
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
 ) -> None:
     """Show a job's output (from the log file on its node)."""
-    from gpuclaim.jobs import find_job
+    from gpuclaim.engine.job_records import find_job
 
     st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
@@ -272,8 +276,10 @@ LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node th
 def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False) -> int:
     """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
     of how it ended; returns the exit code for it (``exit_code_of``)."""
-    from gpuclaim.errors import UnreachableError
-    from gpuclaim.jobs import FINAL_STATES, exit_code_of, observed_state, outcome_line, reload_job
+    from gpuclaim.core.errors import UnreachableError
+    from gpuclaim.core.states import FINAL_STATES
+    from gpuclaim.engine.job_records import observed_state, reload_job
+    from gpuclaim.engine.job_watch import exit_code_of, outcome_line
 
     r = job.ranks[rank]
     node = st.config.node(r.node)
@@ -326,7 +332,8 @@ def attach(
     ),
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
-    from gpuclaim.jobs import attach_command, find_job
+    from gpuclaim.engine.job_records import find_job
+    from gpuclaim.remote.terminal import attach_command
 
     st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
@@ -355,7 +362,7 @@ def kill(
     quiet: bool = quiet_option(),
 ) -> None:
     """Stop a job on all its nodes (TERM, then KILL), or take it out of the queue."""
-    from gpuclaim.jobs import kill_job
+    from gpuclaim.engine.jobs import kill_job
 
     st = state(ctx)
     job = kill_job(
@@ -388,7 +395,7 @@ def shell(
     ),
 ) -> None:
     """An interactive shell on a node with GPUs pinned; it ends at its time limit."""
-    from gpuclaim.jobs import RunRequest
+    from gpuclaim.engine.jobs import RunRequest
 
     st = state(ctx)
     req = RunRequest(
@@ -402,7 +409,7 @@ def shell(
     )
     job = _submit_and_report(st, req, wait=False, as_json=as_json)
     if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
-        from gpuclaim.jobs import attach_command
+        from gpuclaim.remote.terminal import attach_command
 
         argv = attach_command(st.config, job.ranks[0].node, job.session)
         _exec_outside_tmux(argv)
@@ -421,7 +428,8 @@ def notebook(
     ),
 ) -> None:
     """Jupyter on a node with GPUs pinned, until its time limit; prints the ssh tunnel."""
-    from gpuclaim.jobs import RunRequest, find_job
+    from gpuclaim.engine.job_records import find_job
+    from gpuclaim.engine.jobs import RunRequest
 
     st = state(ctx)
     req = RunRequest(

@@ -9,20 +9,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from rich.table import Table
 from rich.text import Text
 
-from gpuclaim.cluster import ClusterView, GpuRow
-from gpuclaim.durations import format_duration
-from gpuclaim.model import Claim, parse_iso
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.model import Claim, parse_iso
+from gpuclaim.core.states import STATE_STYLE
+from gpuclaim.engine.cluster import ClusterView, GpuRow
 
 if TYPE_CHECKING:
-    from gpuclaim.doctor import NodeHealth
-
-STATE_STYLE = {
-    "free": "green",
-    "claimed": "yellow",
-    "busy-unclaimed": "bold red",
-    "stale": "magenta",
-    "unreachable": "dim red",
-}
+    from gpuclaim.app.doctor import NodeHealth
 
 
 def status_table(
@@ -163,7 +156,7 @@ JOB_STYLE = {
 
 
 def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
-    from gpuclaim.model import parse_iso
+    from gpuclaim.core.model import parse_iso
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT", "COMMAND"):
@@ -196,7 +189,7 @@ def _left(claim: Optional[Claim], now: float) -> str:
     kill grace, which is not time the job has)."""
     if claim is None:
         return ""
-    from gpuclaim.jobs import CLAIM_MARGIN_S
+    from gpuclaim.engine.jobs import CLAIM_MARGIN_S
 
     end = claim.expires - (CLAIM_MARGIN_S if claim.job else 0.0)
     return format_duration(end - now)

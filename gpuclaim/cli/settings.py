@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuclaim.cli.common import out, print_json, state
-from gpuclaim.errors import ExitCode, GpuclaimError
+from gpuclaim.core.errors import ExitCode, GpuclaimError
 
 notify_app = typer.Typer(help="Slack notifications.", no_args_is_help=True, rich_markup_mode=None)
 config_app = typer.Typer(
@@ -19,7 +19,7 @@ def notify_test(
     as_json: bool = typer.Option(False, "--json", help="Print the webhook's answer as JSON."),
 ) -> None:
     """Send one test message and report exactly what the webhook answered."""
-    from gpuclaim.notify import post
+    from gpuclaim.engine.notify import post
 
     st = state(ctx)
     slack = st.config.slack
@@ -63,7 +63,7 @@ def config_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print the effective config, secrets redacted."""
-    from gpuclaim.config import redacted
+    from gpuclaim.core.config import redacted
 
     st = state(ctx)
     cfg = st.config

@@ -10,10 +10,10 @@ from typing import Optional
 
 import typer
 
-from gpuclaim import paths
 from gpuclaim.cli.common import err, out, state
-from gpuclaim.durations import parse_duration
-from gpuclaim.errors import GpuclaimError, UsageError
+from gpuclaim.core import paths
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import GpuclaimError, UsageError
 
 
 def init(
@@ -34,8 +34,8 @@ def init(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config."),
 ) -> None:
     """Write a config file and make the store (asks for what is missing in a terminal)."""
-    from gpuclaim.config import LOCAL_NAMES
-    from gpuclaim.configfile import render_config
+    from gpuclaim.app.configfile import render_config
+    from gpuclaim.core.config import LOCAL_NAMES
 
     target = state(ctx).config_path or paths.config_path()
     if target.exists() and not force:
@@ -130,7 +130,7 @@ def demo(
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Run a short guided tour."),
 ) -> None:
     """A sandbox with simulated GPUs on this machine: try everything without a cluster."""
-    from gpuclaim.sandbox import create_sandbox
+    from gpuclaim.app.sandbox import create_sandbox
 
     where = directory or paths.data_dir() / "demo"
     try:

@@ -8,7 +8,7 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, state, waiting
-from gpuclaim.errors import ExitCode
+from gpuclaim.core.errors import ExitCode
 
 
 def status(
@@ -23,9 +23,9 @@ def status(
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.cli.render import status_summary, status_table
-    from gpuclaim.cluster import build_view
-    from gpuclaim.idle import usage_view
-    from gpuclaim.look import follow_up_look
+    from gpuclaim.core.usage import usage_view
+    from gpuclaim.engine.cluster import build_view
+    from gpuclaim.engine.observe import follow_up_look
 
     st = state(ctx, looking=True)
     st.dispatch_quietly()
@@ -67,7 +67,7 @@ def status(
 
 def _advise_slurm_once(view: Any, store: Any, console: Any) -> None:
     """Say once (ever, for the whole team) when SLURM would now pay for itself."""
-    from gpuclaim.slurm_export import slurm_advice
+    from gpuclaim.app.slurm_export import slurm_advice
 
     gpus = sum(1 for r in view.rows if r.gpu is not None)
     users = len({r.claim.user for r in view.rows if r.claim is not None})

@@ -6,8 +6,7 @@ import json
 import shlex
 from typing import Any, Optional, Protocol
 
-from gpuclaim import errors
-from gpuclaim.errors import GpuclaimError, UnreachableError
+from gpuclaim.core.errors import UnreachableError, error_from_wire
 from gpuclaim.remote.bundle import agent_bundle
 from gpuclaim.remote.ssh import CommandResult
 
@@ -83,11 +82,7 @@ def _decode(alias: str, code: int, stdout: bytes, stderr: bytes) -> Any:
             detail = "python3 on the node is too old (gpuclaim needs >= 3.9)"
         raise UnreachableError(f"{alias}: agent failed: {detail}")
     if "error" in response:
-        err = response["error"]
-        cls = getattr(errors, str(err.get("type")), GpuclaimError)
-        if not (isinstance(cls, type) and issubclass(cls, GpuclaimError)):
-            cls = GpuclaimError
-        raise cls(str(err.get("message")), hint=err.get("hint"))
+        raise error_from_wire(response["error"])
     return response.get("result")
 
 

@@ -26,7 +26,7 @@ def _agent_modules() -> tuple[str, ...]:
     return tuple(names)
 
 
-_MAIN = b"import sys\nfrom gpuclaim.agent import main\nsys.exit(main())\n"
+_MAIN = b"import sys\nfrom gpuclaim.node.main import main\nsys.exit(main())\n"
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from gpuclaim.errors import UnreachableError
+from gpuclaim.core.errors import UnreachableError
 from gpuclaim.remote.ssh import CommandResult
 
 PERSIST = "10m"

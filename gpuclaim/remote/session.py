@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuclaim.config import Config
+from gpuclaim.core.config import Config
 from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.remote.ssh import SshPool, config_for_ssh_binary
 

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.errors import UnreachableError
+from gpuclaim.core.errors import UnreachableError
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 _MAX_INCLUDE_DEPTH = 16

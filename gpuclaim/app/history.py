@@ -1,0 +1,162 @@
+"""Accounting: GPU-hours per user, node or day, from the event log and the live claims."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpuclaim.core.model import Event, iso
+from gpuclaim.store import Snapshot
+
+END_EVENTS = ("release", "force-release", "expire", "reap")
+GROUPINGS = ("user", "node", "day")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One claim's hold on ``gpus`` GPUs from ``start`` to ``end`` (epoch seconds)."""
+
+    claim_id: str
+    user: str
+    node: str
+    gpus: int
+    start: float
+    end: float
+    open: bool  # still held now
+    note: str = ""
+    job: str = ""  # the job's name, for a job's claim
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * max(0.0, self.end - self.start) / 3600.0
+
+
+def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) -> list[Interval]:
+    """Each ended claim once (its end event carries since and end), plus the claims held now."""
+    intervals: dict[str, Interval] = {}
+    for ev in events:
+        if ev.type not in END_EVENTS or not ev.claim_id or ev.since is None:
+            continue
+        if ev.claim_id in intervals:
+            continue  # a claim ends once; a second end record (a race in gc) is not double pay
+        intervals[ev.claim_id] = Interval(
+            ev.claim_id,
+            ev.user,
+            ev.node or "?",
+            len(ev.gpus),
+            ev.since,
+            ev.ts,
+            False,
+            str(ev.extra.get("note") or ""),
+            _job_of(str(ev.extra.get("note") or "")),
+        )
+    if snap is not None:
+        for cid, status in snap.claims.items():
+            if cid in intervals:
+                continue
+            c = status.claim
+            end = min(snap.now, c.expires)
+            intervals[cid] = Interval(
+                cid, c.user, c.node, len(c.gpus), c.since, end, True, c.note, _job_of(c.note)
+            )
+    return sorted(intervals.values(), key=lambda i: i.start)
+
+
+def _job_of(note: str) -> str:
+    """A job's claims carry the note 'job NAME' or 'job NAME rank K' (jobs.place_and_claim)."""
+    return note[4:].split(" rank ", 1)[0] if note.startswith("job ") else ""
+
+
+def summarize(
+    intervals: Iterable[Interval],
+    by: str = "user",
+    since: Optional[float] = None,
+    until: Optional[float] = None,
+    user: Optional[str] = None,
+    usage: Optional[dict[str, dict[str, Any]]] = None,
+) -> list[dict[str, Any]]:
+    """GPU-hours grouped ``by`` user, node or (UTC) day, clipped to [since, until], with the
+    part of them the GPUs were actually busy where utilisation was sampled."""
+    if by not in GROUPINGS:
+        raise ValueError(f"group by one of {GROUPINGS}")
+    totals: dict[str, dict[str, Any]] = {}
+    for iv in intervals:
+        if user and iv.user != user:
+            continue
+        start = max(iv.start, since) if since is not None else iv.start
+        end = min(iv.end, until) if until is not None else iv.end
+        if end <= start:
+            continue
+        for key, seg_start, seg_end in _segments(iv, by, start, end):
+            row = totals.setdefault(
+                key, {by: key, "gpu_hours": 0.0, "claims": set(), "busy": 0.0, "measured": 0.0}
+            )
+            hours = iv.gpus * (seg_end - seg_start) / 3600.0
+            row["gpu_hours"] += hours
+            row["claims"].add(iv.claim_id)
+            fraction = _busy_fraction((usage or {}).get(iv.claim_id))
+            if fraction is not None:
+                row["busy"] += hours * fraction
+                row["measured"] += hours
+    result = []
+    for key in sorted(totals):
+        row = totals[key]
+        result.append(
+            {
+                by: key,
+                "gpu_hours": round(row["gpu_hours"], 3),
+                "claims": len(row["claims"]),
+                "busy_gpu_hours": round(row["busy"], 3) if row["measured"] else None,
+                "utilization_pct": (
+                    round(100 * row["busy"] / row["measured"], 1) if row["measured"] else None
+                ),
+            }
+        )
+    if by != "day":
+        result.sort(key=lambda r: -r["gpu_hours"])
+    return result
+
+
+def _busy_fraction(summary: Optional[dict[str, Any]]) -> Optional[float]:
+    """Busy share of a claim's sampled GPU time, or None if it was never sampled."""
+    if not summary:
+        return None
+    held = float(summary.get("held_gpu_s", 0.0))
+    if held <= 0:
+        return None
+    return min(1.0, float(summary.get("busy_gpu_s", 0.0)) / held)
+
+
+def _segments(iv: Interval, by: str, start: float, end: float) -> list[tuple[str, float, float]]:
+    if by == "user":
+        return [(iv.user, start, end)]
+    if by == "node":
+        return [(iv.node, start, end)]
+    out = []
+    cursor = start
+    while cursor < end:
+        day = dt.datetime.fromtimestamp(cursor, tz=dt.timezone.utc).date()
+        next_midnight = dt.datetime.combine(
+            day + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc
+        ).timestamp()
+        seg_end = min(end, next_midnight)
+        out.append((day.isoformat(), cursor, seg_end))
+        cursor = seg_end
+    return out
+
+
+def interval_dict(iv: Interval) -> dict[str, Any]:
+    return {
+        "claim_id": iv.claim_id,
+        "user": iv.user,
+        "node": iv.node,
+        "gpus": iv.gpus,
+        "start": iso(iv.start),
+        "end": iso(iv.end),
+        "open": iv.open,
+        "gpu_hours": round(iv.gpu_hours, 3),
+        "job": iv.job or None,
+        "note": iv.note if iv.note and not iv.job else None,
+    }

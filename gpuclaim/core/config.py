@@ -1,0 +1,432 @@
+"""The config: cluster, nodes, storage, limits, identity, Slack. Validated here, once, from the
+parsed TOML (reading the file is ``gpuclaim.app.configfile``: nodes get the config as JSON)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from gpuclaim.core import paths
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import ConfigError, GpuclaimError
+from gpuclaim.core.identity import validate_name
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+DEFAULT_IGNORED_PROCESSES = (
+    "Xorg",
+    "X",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "kwin_x11",
+    "sddm-greeter",
+    "gdm-x-session",
+)
+_TOP_KEYS = {
+    "cluster",
+    "nodes",
+    "storage",
+    "ssh_config",
+    "user",
+    "agent_command",
+    "ssh_client",
+    "defaults",
+    "node",
+    "slack",
+    "idle",
+}
+_DEFAULT_KEYS = {
+    "time",
+    "max_time",
+    "max_gpus_per_user",
+    "busy_memory_mib",
+    "ignore_processes",
+    "probe_timeout",
+    "connect_timeout",
+    "deadline",
+    "kill_grace",
+    "heartbeat",
+}
+_NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
+_IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
+_SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node: how to reach it (``local`` or ``ssh``) and how to ask it about its GPUs."""
+
+    name: str
+    host: str
+    transport: str = "ssh"  # "local" runs on this machine without SSH
+    nvidia_smi: tuple[str, ...] = ()  # argv to use instead of NVML / plain nvidia-smi
+    env: tuple[tuple[str, str], ...] = ()
+
+    def is_this_machine(self) -> bool:
+        """Local, or an SSH alias that names the machine this runs on (node01 typing
+        'gpuclaim claim --short' on node01)."""
+        if self.transport == "local" or self.host in LOCAL_NAMES:
+            return True
+        import socket
+
+        names = {socket.gethostname(), socket.gethostname().split(".")[0]}  # no DNS: fast
+        return self.name in names or self.host in names
+
+
+@dataclass(frozen=True)
+class Limits:
+    default_time_s: float = 4 * 3600
+    max_time_s: float = 7 * 86400
+    max_gpus_per_user: int = 0  # 0 = no limit
+    busy_memory_mib: int = 256  # a GPU with less foreign memory than this still counts as free
+    ignore_processes: tuple[str, ...] = DEFAULT_IGNORED_PROCESSES
+    probe_timeout_s: float = 10.0  # nvidia-smi can hang
+    connect_timeout_s: float = 5.0  # SSH connect, banner and auth, each
+    deadline_s: float = 20.0  # a whole cluster fan-out
+    kill_grace_s: float = 30.0  # SIGTERM, then this long, then SIGKILL
+    heartbeat_s: float = 10.0  # job wrappers' sign of life; lost after 3 missed + 2 s
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    window_s: float = 30 * 60  # under the threshold this long: idle
+    threshold_pct: float = 5.0
+    warn: bool = True  # tell the holder (Slack mention), once per idle spell
+    release_after_s: Optional[float] = None  # None: never release; else after window + this
+    release_jobs: bool = False  # also a running job's claim (stopping the job)
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    webhook_url: str = ""
+    events: tuple[str, ...] = ()
+    mentions: tuple[tuple[str, str], ...] = ()
+    opt_out: tuple[str, ...] = ()
+    timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Optional[Path]  # None: no config file, this machine is the single node
+    cluster: str
+    nodes: tuple[NodeConfig, ...]
+    storage: str
+    ssh_config: Optional[str] = None
+    user: Optional[str] = None
+    agent_command: Optional[str] = None  # an installed agent instead of the one we send
+    ssh_client: str = "fabric"  # or "openssh": the ssh binary with ControlMaster multiplexing
+    limits: Limits = field(default_factory=Limits)
+    slack: SlackConfig = field(default_factory=SlackConfig)
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
+    warnings: tuple[str, ...] = ()
+    storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        known = ", ".join(n.name for n in self.nodes)
+        raise GpuclaimError(f"unknown node {name!r} (this cluster has: {known})")
+
+    @property
+    def storage_path(self) -> Path:
+        return Path(self.storage).expanduser()
+
+    @property
+    def ssh_config_path(self) -> Optional[Path]:
+        """``$GPUCLAIM_SSH_CONFIG``, else the config's ``ssh_config``, else None (ssh's own)."""
+        value = os.environ.get("GPUCLAIM_SSH_CONFIG") or self.ssh_config
+        return Path(value).expanduser() if value else None
+
+
+def redacted(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config as parsed, with secrets replaced: for ``config show`` and logs."""
+    result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    slack = result.get("slack")
+    if isinstance(slack, dict) and slack.get("webhook_url"):
+        slack["webhook_url"] = "<redacted>"
+    return result
+
+
+def local_config() -> Config:
+    """No config file: this machine is the only node; the store lives in the user's data dir."""
+    return Config(
+        path=None,
+        cluster="local",
+        nodes=(NodeConfig(name="localhost", host="localhost", transport="local"),),
+        storage=str(paths.data_dir() / "store"),
+        storage_default=True,
+    )
+
+
+def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
+    """Validate a parsed TOML document; every problem is a ConfigError naming the key."""
+    _no_unknown(raw, _TOP_KEYS, "")
+    nodes_raw = raw.get("nodes", ["localhost"])
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise ConfigError("'nodes' must be a non-empty list of host names, e.g. [\"node01\"]")
+    node_tables = _table(raw, "node")
+    names: list[str] = []
+    for item in nodes_raw:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"'nodes' entries must be host names (strings), got {item!r}")
+        name = item.strip()
+        if name not in LOCAL_NAMES:
+            _check_node_name(name)
+        if name in names:
+            raise ConfigError(f"node {name!r} is listed twice in 'nodes'")
+        names.append(name)
+    for extra in node_tables:
+        if extra not in names:
+            raise ConfigError(f"[node.{extra}] describes a node that is not in 'nodes'")
+    nodes = tuple(_node(name, _table(node_tables, name, f"node.{name}")) for name in names)
+
+    storage = raw.get("storage")
+    storage_default = storage is None
+    if storage is None:
+        storage = str(paths.data_dir() / "store")
+    if not isinstance(storage, str) or not storage.strip():
+        raise ConfigError("'storage' must be a path or ssh://HOST/PATH")
+
+    cluster = _str(raw, "cluster", "gpuclaim")
+    user = raw.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise ConfigError("'user' must be a string")
+        try:
+            validate_name(user, "user name")
+        except GpuclaimError as exc:
+            raise ConfigError(f"'user': {exc.message}") from exc
+    ssh_config = raw.get("ssh_config")
+    if ssh_config is not None and not isinstance(ssh_config, str):
+        raise ConfigError("'ssh_config' must be a path")
+    agent_command = raw.get("agent_command")
+    if agent_command is not None and (not isinstance(agent_command, str) or not agent_command):
+        raise ConfigError("'agent_command' must be a command line (a string)")
+    ssh_client = _str(raw, "ssh_client", "fabric")
+    if ssh_client not in ("fabric", "openssh"):
+        raise ConfigError(f'\'ssh_client\' must be "fabric" or "openssh", not {ssh_client!r}')
+    limits = _limits(_table(raw, "defaults"))
+    slack = _slack(_table(raw, "slack"))
+    idle = _idle(_table(raw, "idle"))
+    remote = [n.name for n in nodes if n.transport != "local"]
+    if storage_default and remote:
+        # This machine's own store would be a claim pool that the nodes never see.
+        raise ConfigError(
+            f"no 'storage' for a cluster with remote nodes ({', '.join(remote[:3])}): "
+            'set storage = "/shared/gpuclaim" (a directory every node and this machine '
+            'mount at that path) or storage = "ssh://NODE/srv/gpuclaim"'
+        )
+    return Config(
+        path=path,
+        cluster=cluster,
+        nodes=nodes,
+        storage=storage.strip(),
+        ssh_config=ssh_config,
+        user=user,
+        agent_command=agent_command,
+        ssh_client=ssh_client,
+        limits=limits,
+        slack=slack,
+        idle=idle,
+        raw=raw,
+        storage_default=storage_default,
+    )
+
+
+def _node(name: str, table: dict[str, Any]) -> NodeConfig:
+    _no_unknown(table, _NODE_KEYS, f"node.{name}")
+    host = _str(table, "host", name, f"node.{name}.")
+    default_transport = "local" if host in LOCAL_NAMES else "ssh"
+    transport = _str(table, "transport", default_transport, f"node.{name}.")
+    if transport not in ("local", "ssh"):
+        raise ConfigError(f'\'node.{name}.transport\' must be "local" or "ssh", not {transport!r}')
+    smi = table.get("nvidia_smi", ())
+    if isinstance(smi, str):
+        smi = shlex.split(smi)
+    if not isinstance(smi, (list, tuple)) or not all(isinstance(a, str) for a in smi):
+        raise ConfigError(f"'node.{name}.nvidia_smi' must be a command (string or list)")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"'node.{name}.env' must be a table of strings")
+    return NodeConfig(
+        name=name,
+        host=host,
+        transport=transport,
+        nvidia_smi=tuple(smi),
+        env=tuple(sorted(env.items())),
+    )
+
+
+def _limits(table: dict[str, Any]) -> Limits:
+    _no_unknown(table, _DEFAULT_KEYS, "defaults")
+    base = Limits()
+    default_time = _duration(table, "time", base.default_time_s)
+    max_time = _duration(table, "max_time", base.max_time_s)
+    if "time" not in table:
+        default_time = min(default_time, max_time)
+    if default_time > max_time:
+        raise ConfigError("'defaults.time' is longer than 'defaults.max_time'")
+    ignore = table.get("ignore_processes", list(base.ignore_processes))
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise ConfigError("'defaults.ignore_processes' must be a list of process names")
+    return Limits(
+        default_time_s=default_time,
+        max_time_s=max_time,
+        max_gpus_per_user=_int(table, "max_gpus_per_user", base.max_gpus_per_user),
+        busy_memory_mib=_int(table, "busy_memory_mib", base.busy_memory_mib),
+        ignore_processes=tuple(ignore),
+        probe_timeout_s=_duration(table, "probe_timeout", base.probe_timeout_s),
+        connect_timeout_s=_duration(table, "connect_timeout", base.connect_timeout_s),
+        deadline_s=_duration(table, "deadline", base.deadline_s),
+        kill_grace_s=_duration(table, "kill_grace", base.kill_grace_s),
+        heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
+    )
+
+
+def _idle(table: dict[str, Any]) -> IdlePolicy:
+    _no_unknown(table, _IDLE_KEYS, "idle")
+    base = IdlePolicy()
+    threshold = table.get("threshold_pct", base.threshold_pct)
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not (0 <= threshold <= 100)
+    ):
+        raise ConfigError("'idle.threshold_pct' must be a number from 0 to 100")
+    for key in ("warn", "release_jobs"):
+        if key in table and not isinstance(table[key], bool):
+            raise ConfigError(f"'idle.{key}' must be true or false")
+    release = table.get("release_after")
+    return IdlePolicy(
+        window_s=_duration(table, "window", base.window_s),
+        threshold_pct=float(threshold),
+        warn=bool(table.get("warn", base.warn)),
+        release_after_s=None
+        if release in (None, "", False)
+        else _duration(table, "release_after", 0),
+        release_jobs=bool(table.get("release_jobs", base.release_jobs)),
+    )
+
+
+def _slack(table: dict[str, Any]) -> SlackConfig:
+    _no_unknown(table, _SLACK_KEYS, "slack")
+    url = _str(table, "webhook_url", "", "slack.")
+    if url and not url.startswith(("https://", "http://")):
+        raise ConfigError("'slack.webhook_url' must be an http(s) URL")
+    mentions = table.get("mentions", {})
+    if not isinstance(mentions, dict):
+        raise ConfigError("'slack.mentions' must be a table of user = \"MEMBER_ID\"")
+    for who, member in mentions.items():
+        # the id goes raw into <@...>: only a member id's characters may get there
+        if not isinstance(member, str) or not re.fullmatch(r"[UW][A-Z0-9]{2,}", member):
+            raise ConfigError(
+                f"'slack.mentions.{who}' must be a Slack member id like \"U024BE7LH\""
+            )
+    events = table.get("events", [])
+    opt_out = table.get("opt_out", [])
+    for key, value in (("events", events), ("opt_out", opt_out)):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"'slack.{key}' must be a list of strings")
+    return SlackConfig(
+        webhook_url=url,
+        events=tuple(events),
+        mentions=tuple(sorted((str(k), str(v)) for k, v in mentions.items())),
+        opt_out=tuple(opt_out),
+        timeout_s=_duration(table, "timeout", 3.0),
+    )
+
+
+def _check_node_name(name: str) -> None:
+    # Host aliases end up in file names and tmux sessions: no spaces, slashes or shell syntax.
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@")
+    if not set(name) <= allowed or name.startswith(("-", ".")):
+        raise ConfigError(f"node name {name!r} is not a valid host alias")
+
+
+def _table(raw: dict[str, Any], key: str, label: Optional[str] = None) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        if key == "node" and isinstance(value, list):  # the list of hosts is 'nodes'
+            raise ConfigError("'node' must be a table ([node.NAME]): did you mean 'nodes'?")
+        raise ConfigError(f"'{label or key}' must be a table ([{label or key}])")
+    return value
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    for key in table:
+        if key not in known:
+            place = f"[{where}]" if where else "the top level"
+            close = _closest(str(key), known)
+            if close:
+                raise ConfigError(f"unknown key {key!r} in {place}: did you mean {close!r}?")
+            raise ConfigError(
+                f"unknown key {key!r} in {place}", hint=f"known keys: {', '.join(sorted(known))}"
+            )
+
+
+def _closest(word: str, known: set[str]) -> Optional[str]:
+    """The known key a typo most likely meant: fewest edits (a swap of two neighbours is one),
+    then the closest length ('nodse' is 'nodes', not 'node'); at most 2 edits."""
+    ranked = sorted(
+        (_edits(word.lower(), candidate), abs(len(candidate) - len(word)), candidate)
+        for candidate in known
+    )
+    if ranked and ranked[0][0] <= min(2, len(ranked[0][2]) // 2):
+        return ranked[0][2]
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Damerau-Levenshtein distance (optimal string alignment)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+def _str(table: dict[str, Any], key: str, default: str, prefix: str = "") -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"'{prefix}{key}' must be a string, not {type(value).__name__}")
+    return value
+
+
+def _int(table: dict[str, Any], key: str, default: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"'defaults.{key}' must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def _duration(table: dict[str, Any], key: str, default: float) -> float:
+    value = table.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"'{key}' must be a duration like \"4h\"")
+    try:
+        return parse_duration(str(value)) if isinstance(value, str) else float(value) * 60
+    except GpuclaimError as exc:
+        raise ConfigError(f"'{key}': {exc.message}") from exc
+
+
+def parse_storage_url(url: str) -> tuple[str, str]:
+    """``ssh://node01/srv/gpuclaim`` -> ("node01", "/srv/gpuclaim")."""
+    parts = urlsplit(url)
+    if parts.scheme != "ssh" or not parts.hostname or not parts.path.startswith("/"):
+        raise ConfigError(f"'storage' {url!r}: write ssh://HOST/ABSOLUTE/PATH")
+    host = parts.hostname if parts.username is None else f"{parts.username}@{parts.hostname}"
+    if parts.port:
+        raise ConfigError(f"'storage' {url!r}: put the port in your ssh config, not the URL")
+    return host, parts.path

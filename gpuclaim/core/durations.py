@@ -1,0 +1,74 @@
+"""Durations as people and SLURM write them: ``90m``, ``4h``, ``2d``, ``1h30m``, ``1-12:00:00``."""
+
+from __future__ import annotations
+
+import re
+
+from gpuclaim.core.errors import UsageError
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_HUMAN = re.compile(r"^(?:(\d+(?:\.\d+)?)\s*([smhdw]))+$")
+_HUMAN_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+# SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S".
+_SLURM = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+_EXAMPLES = "use e.g. 90m, 4h, 2d, 1h30m or SLURM's 1-12:00:00"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``; raises UsageError with an example of what works."""
+    value = text.strip().lower()
+    if not value:
+        raise UsageError(f"empty duration ({_EXAMPLES})")
+    if _HUMAN.match(value):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _HUMAN_PART.findall(value))
+    else:
+        seconds = _parse_slurm(value)
+    if seconds <= 0:
+        raise UsageError(f"duration must be positive: {text!r} ({_EXAMPLES})")
+    if seconds > 366 * 86400:
+        raise UsageError(f"duration too long: {text!r} (at most a year)")
+    return seconds
+
+
+def _parse_slurm(value: str) -> float:
+    m = _SLURM.match(value)
+    if not m:
+        raise UsageError(f"not a duration: {value!r} ({_EXAMPLES})")
+    days, a, b, c = m.groups()
+    if days is not None:
+        # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if c is not None:  # H:M:S
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    if b is not None:  # M:S
+        return int(a) * 60 + int(b)
+    return int(a) * 60  # bare number = minutes, as in SLURM
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form: ``3h12m``, ``45m``, ``2d4h``, ``30s``; negative means overdue."""
+    sign = "-" if seconds < 0 else ""
+    s = int(abs(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        text = f"{days}d{hours}h" if hours else f"{days}d"
+    elif hours:
+        text = f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    elif minutes:
+        text = f"{minutes}m"
+    else:
+        text = f"{s}s"
+    return sign + text
+
+
+def format_slurm_time(seconds: float) -> str:
+    """SLURM's ``D-HH:MM:SS`` (rounded up to the minute), for sbatch export."""
+    total = int(-(-seconds // 60)) * 60
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"

@@ -1,0 +1,49 @@
+"""The events the accounting history records, built from a claim or a job in one place."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuclaim.core.model import Claim, Event, Job
+
+
+def claim_event(
+    kind: str, claim: Claim, ts: float, by: Optional[str] = None, reason: str = ""
+) -> Event:
+    return Event(
+        ts=ts,
+        type=kind,
+        user=claim.user,
+        claim_id=claim.id,
+        node=claim.node,
+        gpus=tuple(claim.indices),
+        gpu_uuids=tuple(claim.uuids),
+        since=claim.since,
+        expires=claim.expires,
+        by=by,
+        reason=reason,
+        extra={"note": claim.note} if claim.note else {},
+    )
+
+
+def job_event(kind: str, job: Job, ts: float, more: Optional[dict[str, Any]] = None) -> Event:
+    return Event(
+        ts=ts,
+        type=kind,
+        user=job.user,
+        node=job.ranks[0].node if job.ranks else job.node,
+        gpus=job.ranks[0].gpus if job.ranks else (),
+        since=job.started,
+        expires=job.ends,
+        reason=job.reason,
+        extra={
+            "job_id": job.id,
+            "job": job.name,
+            "state": job.state,
+            "exit_code": job.exit_code,
+            "nodes": [r.node for r in job.ranks],
+            "gpus_total": sum(len(r.gpus) for r in job.ranks) or job.gpus_per_node,
+            "from_queue": job.from_queue,
+            **(more or {}),
+        },
+    )

@@ -1,0 +1,50 @@
+"""Who is asking, and validation of the names people type."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+
+from gpuclaim.core.errors import UsageError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def current_user(configured: str | None = None) -> str:
+    """The config's ``user``, else ``$GPUCLAIM_USER``, else the login name."""
+    user = configured or os.environ.get("GPUCLAIM_USER") or _login_name()
+    return validate_name(user, "user name")
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return f"uid{os.getuid()}"
+
+
+def validate_name(value: str, what: str) -> str:
+    """Names end up in file names, tmux sessions and Slack: letters, digits, ``_`` and ``-``."""
+    if not _NAME.match(value):
+        raise UsageError(
+            f"invalid {what} {value!r}: use 1-64 letters, digits, '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def this_host() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+NOTE_LIMIT = 200
+
+
+def clean_note(note: str, what: str = "--note") -> str:
+    """One printable line, bounded: notes are shown in tables, on the board, Slack and JSON."""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in note).strip()
+    if len(cleaned) > NOTE_LIMIT:
+        raise UsageError(f"{what} is limited to {NOTE_LIMIT} characters")
+    return cleaned

@@ -1,0 +1,417 @@
+"""The domain, as frozen dataclasses with one JSON shape.
+
+The same ``to_dict`` shape is printed by ``--json``, written to the claim files on shared
+storage and sent back by the node agent, so it must stay importable on a node's Python 3.9
+with nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+
+def iso(ts: Optional[float]) -> Optional[str]:
+    """Epoch seconds -> ISO 8601 in UTC with a Z, as used in every JSON shape."""
+    if ts is None:
+        return None
+    when = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(value: Any) -> Optional[float]:
+    """ISO 8601 (or epoch number) -> epoch seconds; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    when = dt.datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process seen on a GPU by NVML or nvidia-smi."""
+
+    pid: int
+    name: str
+    used_memory_mib: Optional[int] = None  # None: the driver does not say (WDDM, [N/A])
+    user: Optional[str] = None  # mapped from /proc on the node; None if unknown
+    gpu_uuid: Optional[str] = None
+    kind: str = "C"  # C compute, G graphics, C+G both
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuProcess:
+        return cls(
+            pid=int(d["pid"]),
+            name=str(d.get("name", "")),
+            used_memory_mib=_opt_int(d.get("used_memory_mib")),
+            user=d.get("user"),
+            gpu_uuid=d.get("gpu_uuid"),
+            kind=str(d.get("kind", "C")),
+        )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU (or MIG parent) on one node, as probed."""
+
+    node: str
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: Optional[int] = None  # None on unified-memory parts (GB10)
+    memory_used_mib: Optional[int] = None
+    utilization_pct: Optional[int] = None  # None under MIG or when not supported
+    pci_bus_id: Optional[str] = None
+    mig_mode: Optional[bool] = None
+    mig_devices: tuple[str, ...] = ()  # MIG instance UUIDs or profile names
+    processes: tuple[GpuProcess, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mig_devices"] = list(self.mig_devices)
+        d["processes"] = [p.to_dict() for p in self.processes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Gpu:
+        return cls(
+            node=str(d["node"]),
+            index=int(d["index"]),
+            uuid=str(d["uuid"]),
+            name=str(d.get("name", "")),
+            memory_total_mib=_opt_int(d.get("memory_total_mib")),
+            memory_used_mib=_opt_int(d.get("memory_used_mib")),
+            utilization_pct=_opt_int(d.get("utilization_pct")),
+            pci_bus_id=d.get("pci_bus_id"),
+            mig_mode=d.get("mig_mode"),
+            mig_devices=tuple(d.get("mig_devices") or ()),
+            processes=tuple(GpuProcess.from_dict(p) for p in d.get("processes") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """What one probe of one node returned: its GPUs, or why there are none."""
+
+    node: str
+    gpus: tuple[Gpu, ...] = ()
+    source: str = ""  # "nvml", "nvidia-smi", ...
+    driver_version: Optional[str] = None
+    error: Optional[str] = None  # set when the node or its driver could not be read
+    reachable: bool = True
+    # The node's boot id and running job wrappers (gpuclaim.core.liveness), when it could tell.
+    liveness: Optional[dict[str, Any]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "source": self.source,
+            "driver_version": self.driver_version,
+            "error": self.error,
+            "reachable": self.reachable,
+            "liveness": self.liveness,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeInventory:
+        return cls(
+            node=str(d["node"]),
+            gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus") or ()),
+            source=str(d.get("source", "")),
+            driver_version=d.get("driver_version"),
+            error=d.get("error"),
+            reachable=bool(d.get("reachable", True)),
+            liveness=d.get("liveness"),
+        )
+
+
+@dataclass(frozen=True)
+class ClaimedGpu:
+    """One GPU inside a claim: the UUID is the key, node and index are for people."""
+
+    uuid: str
+    index: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.index}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A user's hold on one or more GPUs of one node, until ``expires`` (storage clock)."""
+
+    id: str
+    user: str
+    node: str
+    gpus: tuple[ClaimedGpu, ...]
+    since: float
+    expires: float
+    note: str = ""
+    job: Optional[str] = None
+    host: str = ""  # where the claiming process ran
+    pid: int = 0
+    adopted: bool = False
+
+    @property
+    def indices(self) -> list[int]:
+        return sorted(g.index for g in self.gpus)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.uuid for g in self.gpus]
+
+    def with_expiry(self, expires: float) -> Claim:
+        return replace(self, expires=expires)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "user": self.user,
+            "node": self.node,
+            "gpus": self.indices,
+            "gpu_uuids": [g.uuid for g in sorted(self.gpus, key=lambda g: g.index)],
+            "since": iso(self.since),
+            "expires": iso(self.expires),
+            "note": self.note,
+            "job": self.job,
+            "host": self.host,
+            "pid": self.pid,
+            "adopted": self.adopted,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Claim:
+        indices = [int(i) for i in d["gpus"]]
+        uuids = [str(u) for u in d["gpu_uuids"]]
+        if len(indices) != len(uuids) or not uuids:
+            raise ValueError("gpus and gpu_uuids differ in length")
+        since = parse_iso(d["since"])
+        expires = parse_iso(d["expires"])
+        if since is None or expires is None:
+            raise ValueError("since and expires are required")
+        return cls(
+            id=str(d["id"]),
+            user=str(d["user"]),
+            node=str(d["node"]),
+            gpus=tuple(ClaimedGpu(u, i) for u, i in zip(uuids, indices)),
+            since=since,
+            expires=expires,
+            note=str(d.get("note") or ""),
+            job=d.get("job"),
+            host=str(d.get("host") or ""),
+            pid=int(d.get("pid") or 0),
+            adopted=bool(d.get("adopted", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the append-only event log (the accounting history)."""
+
+    ts: float
+    type: str  # claim, release, expire, force-release, extend, drain, undrain, reap
+    user: str
+    claim_id: Optional[str] = None
+    node: Optional[str] = None
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    since: Optional[float] = None
+    expires: Optional[float] = None
+    by: Optional[str] = None  # who did it, when not the holder (force, gc)
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ts": iso(self.ts),
+            "type": self.type,
+            "user": self.user,
+            "claim_id": self.claim_id,
+            "node": self.node,
+            "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
+            "since": iso(self.since),
+            "expires": iso(self.expires),
+            "by": self.by,
+            "reason": self.reason,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        ts = parse_iso(d["ts"])
+        if ts is None:
+            raise ValueError("event without ts")
+        return cls(
+            ts=ts,
+            type=str(d["type"]),
+            user=str(d.get("user", "")),
+            claim_id=d.get("claim_id"),
+            node=d.get("node"),
+            gpus=tuple(int(i) for i in d.get("gpus") or ()),
+            gpu_uuids=tuple(str(u) for u in d.get("gpu_uuids") or ()),
+            since=parse_iso(d.get("since")),
+            expires=parse_iso(d.get("expires")),
+            by=d.get("by"),
+            reason=str(d.get("reason") or ""),
+            extra=dict(d.get("extra") or {}),
+        )
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    if value is None or value == "":
+        return None
+    return int(value)
+
+
+@dataclass(frozen=True)
+class JobRank:
+    """One node's part of a job: its GPUs, its claim, its tmux session's outcome."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    claim_id: Optional[str] = None
+    state: str = "starting"
+    exit_code: Optional[int] = None
+    log: Optional[str] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        d["gpu_uuids"] = list(self.gpu_uuids)
+        d["started"] = iso(self.started)
+        d["ended"] = iso(self.ended)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobRank:
+        return cls(
+            rank=int(d["rank"]),
+            node=str(d["node"]),
+            gpus=tuple(int(i) for i in d.get("gpus") or ()),
+            gpu_uuids=tuple(str(u) for u in d.get("gpu_uuids") or ()),
+            claim_id=d.get("claim_id"),
+            state=str(d.get("state", "starting")),
+            exit_code=_opt_int(d.get("exit_code")),
+            log=d.get("log"),
+            started=parse_iso(d.get("started")),
+            ended=parse_iso(d.get("ended")),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A command run in tmux on one or more nodes with pinned GPUs (or waiting in the queue)."""
+
+    id: str
+    name: str
+    user: str
+    argv: tuple[str, ...]
+    state: str
+    submitted: float
+    time_limit_s: float
+    gpus_per_node: int = 1
+    nodes_wanted: int = 1
+    node: Optional[str] = None  # pinned with --node
+    workdir: Optional[str] = None
+    env: tuple[tuple[str, str], ...] = ()
+    kind: str = "batch"  # batch, shell, notebook
+    visible_as: str = "index"  # or "uuid": what CUDA_VISIBLE_DEVICES lists
+    ranks: tuple[JobRank, ...] = ()
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    exit_code: Optional[int] = None
+    reason: str = ""
+    stop_requested: Optional[str] = None  # "kill" or "timeout" once someone asked it to stop
+    port: Optional[int] = None  # notebook port
+    from_queue: bool = False
+
+    @property
+    def session(self) -> str:
+        return f"gc-{self.user}-{self.name}"
+
+    @property
+    def ends(self) -> Optional[float]:
+        return None if self.started is None else self.started + self.time_limit_s
+
+    def with_(self, **changes: Any) -> Job:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.ranks[0] if self.ranks else None
+        return {
+            "id": self.id,
+            "name": self.name,
+            "user": self.user,
+            "node": first.node if first else self.node,
+            "nodes": [r.node for r in self.ranks],
+            "gpus": list(first.gpus) if first else [],
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "session": self.session,
+            "log": first.log if first else None,
+            "submitted": iso(self.submitted),
+            "started": iso(self.started),
+            "ends": iso(self.ends),
+            "ended": iso(self.ended),
+            "time_limit_s": self.time_limit_s,
+            "argv": list(self.argv),
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "kind": self.kind,
+            "visible_as": self.visible_as,
+            "gpus_per_node": self.gpus_per_node,
+            "nodes_wanted": self.nodes_wanted,
+            "pinned_node": self.node,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "reason": self.reason,
+            "stop_requested": self.stop_requested,
+            "port": self.port,
+            "from_queue": self.from_queue,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        submitted = parse_iso(d["submitted"])
+        if submitted is None:
+            raise ValueError("job without submitted time")
+        return cls(
+            id=str(d["id"]),
+            name=str(d["name"]),
+            user=str(d["user"]),
+            argv=tuple(str(a) for a in d["argv"]),
+            state=str(d["state"]),
+            submitted=submitted,
+            time_limit_s=float(d["time_limit_s"]),
+            gpus_per_node=int(d.get("gpus_per_node", 1)),
+            nodes_wanted=int(d.get("nodes_wanted", 1)),
+            node=d.get("pinned_node"),
+            workdir=d.get("workdir"),
+            env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
+            kind=str(d.get("kind", "batch")),
+            visible_as=str(d.get("visible_as", "index")),
+            ranks=tuple(JobRank.from_dict(r) for r in d.get("ranks") or ()),
+            started=parse_iso(d.get("started")),
+            ended=parse_iso(d.get("ended")),
+            exit_code=_opt_int(d.get("exit_code")),
+            reason=str(d.get("reason") or ""),
+            stop_requested=d.get("stop_requested"),
+            port=_opt_int(d.get("port")),
+            from_queue=bool(d.get("from_queue", False)),
+        )

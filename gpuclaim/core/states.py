@@ -1,0 +1,53 @@
+"""The states a GPU and a job can be in: one table each, used everywhere they are judged.
+
+The values are what ``--json``, the store's job records and the event log hold, so they are
+plain strings on the wire; the enums name them in code.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class GpuState(str, Enum):
+    FREE = "free"
+    CLAIMED = "claimed"
+    BUSY_UNCLAIMED = "busy-unclaimed"
+    STALE = "stale"
+    UNREACHABLE = "unreachable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    TIMEOUT = "timeout"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# As values (str), so that membership works on what the store and the wire hold.
+ACTIVE_JOB_STATES: tuple[str, ...] = tuple(
+    s.value for s in (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+)
+FINAL_STATES: tuple[str, ...] = tuple(
+    s.value for s in JobState if s.value not in ACTIVE_JOB_STATES
+)  # a job's or a rank's end: succeeded, failed, killed, timeout, lost
+
+
+# How each GPU state is shown (rich style names), the same in ``status`` and on the board.
+STATE_STYLE: dict[str, str] = {
+    GpuState.FREE.value: "green",
+    GpuState.CLAIMED.value: "yellow",
+    GpuState.BUSY_UNCLAIMED.value: "bold red",
+    GpuState.STALE.value: "magenta",
+    GpuState.UNREACHABLE.value: "dim red",
+}

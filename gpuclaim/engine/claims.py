@@ -1,0 +1,521 @@
+"""Claiming, releasing, extending and collecting GPUs: placement and policy over the store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.errors import (
+    ConflictError,
+    GpuclaimError,
+    NeverFitsError,
+    UnreachableError,
+    UsageError,
+)
+from gpuclaim.core.events import claim_event
+from gpuclaim.core.identity import this_host
+from gpuclaim.core.model import Claim, ClaimedGpu, Event
+from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
+from gpuclaim.store import ClaimStatus, Store, new_claim_id
+
+RACE_RETRIES = 8
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    user: str
+    count: int = 1
+    node: Optional[str] = None
+    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((node, (0, 2)),) from --gpu
+    duration_s: Optional[float] = None
+    note: str = ""
+    job: Optional[str] = None
+    adopt: bool = False
+
+
+@dataclass
+class GcReport:
+    expired: list[Claim] = field(default_factory=list)
+    incomplete: list[Claim] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    swept: int = 0  # leftover staged files and locks of killed processes
+    lost_jobs: list[str] = field(default_factory=list)
+
+
+def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
+    """``node01:0,2`` -> ("node01", (0, 2))."""
+    node, sep, rest = spec.partition(":")
+    if not sep or not node or not rest:
+        raise UsageError(f"--gpu wants NODE:INDEX[,INDEX...], e.g. node01:0,2 (got {spec!r})")
+    try:
+        listed = [int(x) for x in rest.split(",")]
+    except ValueError:
+        raise UsageError(f"--gpu indices must be numbers, e.g. node01:0,2 (got {spec!r})") from None
+    if any(i < 0 for i in listed):
+        raise UsageError(f"--gpu indices must be >= 0 (got {spec!r})")
+    twice = sorted({i for i in listed if listed.count(i) > 1})
+    if twice:
+        raise UsageError(f"--gpu {spec}: GPU {twice[0]} is listed twice")
+    return node, tuple(sorted(listed))
+
+
+def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+    """Several ``--gpu`` options; any GPU named twice, in one or across them, is bad input."""
+    parsed = [parse_gpu_spec(s) for s in specs]
+    seen: set[tuple[str, int]] = set()
+    for node, indices in parsed:
+        for i in indices:
+            if (node, i) in seen:
+                raise UsageError(f"--gpu: {node} GPU {i} is listed twice")
+            seen.add((node, i))
+    return parsed
+
+
+def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProber) -> Claim:
+    """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
+    duration = _checked_duration(config, req.duration_s)
+    nodes = _candidate_nodes(config, req)
+    fits = req.count if not (req.exact or req.adopt) else None
+    view = build_view(config, store, nodes, prober=prober, fits=fits)
+    _check_user_limit(config, view, req)
+    for attempt in range(RACE_RETRIES):
+        if req.adopt:
+            node, rows = _pick_adopt(view, req)
+        elif req.exact:
+            node, rows = _pick_exact(view, req)
+        else:
+            node, rows = _pick_free(config, view, req)
+        _reap_stale(store, view, rows, req.user)
+        now = store.now()
+        claim = Claim(
+            id=new_claim_id(),
+            user=req.user,
+            node=node,
+            gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in rows),
+            since=now,
+            expires=now + duration,
+            note=req.note,
+            job=req.job,
+            host=this_host(),
+            pid=os.getpid(),
+            adopted=req.adopt,
+        )
+        try:
+            store.acquire(claim)
+        except ConflictError:
+            if req.exact or req.adopt or attempt == RACE_RETRIES - 1:
+                raise
+            # Someone won a race for one of these GPUs: re-read the store (cheap) and retry
+            # with the same probe results.
+            view = build_view(config, store, nodes, view.inventories)
+            continue
+        store.append_event(claim_event("claim", claim, now))
+        return claim
+    raise ConflictError("could not claim: other claims kept winning the race; try again")
+
+
+def release_claims(
+    config: Config,
+    store: Store,
+    user: str,
+    claim_ids: Sequence[str] = (),
+    gpus: Sequence[tuple[str, tuple[int, ...]]] = (),
+    release_all: bool = False,
+    force: bool = False,
+    jobs_too: bool = False,
+) -> list[Claim]:
+    """Release the named claims (or all of one's own); another user's only with ``force``.
+    A running job's claim is never released here (the job would keep running on GPUs shown
+    free: one GPU, two users): the job's end or ``kill`` releases it. ``--all`` leaves such
+    claims alone; naming one is an error with the kill hint. ``jobs_too`` is for the job
+    machinery itself, giving back the claims of a job that could not start."""
+    snap = store.snapshot()
+    targets: dict[str, ClaimStatus] = {}
+    if release_all:
+        mine = {cid: s for cid, s in snap.claims.items() if s.claim.user == user}
+        if not mine:
+            raise GpuclaimError(f"{user} holds no claims")
+        targets = {cid: s for cid, s in mine.items() if jobs_too or not _held_by_a_job(s)}
+        if not targets:
+            names = _job_names(store, mine)
+            raise GpuclaimError(
+                f"all of {user}'s claims belong to running jobs ({names}): "
+                "they are released when the jobs end",
+                hint=f"stop them with 'gpuclaim kill {names.split(', ')[0]}'",
+            )
+    for cid in claim_ids:
+        if cid not in snap.claims:
+            raise GpuclaimError(f"no claim {cid!r}", hint="see 'gpuclaim status'")
+        targets[cid] = snap.claims[cid]
+    for node, indices in gpus:
+        config.node(node)
+        for index in indices:
+            status = next(
+                (
+                    s
+                    for s in snap.claims.values()
+                    if s.claim.node == node and index in s.claim.indices
+                ),
+                None,
+            )
+            if status is None:
+                raise GpuclaimError(f"{node} GPU {index} is not claimed")
+            targets[status.claim.id] = status
+    if not targets:
+        raise UsageError("name a claim id, --gpu NODE:INDEX, or --all")
+    for status in targets.values():
+        if not jobs_too and _held_by_a_job(status):
+            name = _job_names(store, {status.claim.id: status})
+            raise GpuclaimError(
+                f"claim {status.claim.id} ({status.claim.node} GPU "
+                f"{','.join(map(str, status.claim.indices))}) belongs to the running job "
+                f"{name}: it is released when the job ends",
+                hint=f"stop the job with 'gpuclaim kill {name}'",
+            )
+    for status in targets.values():
+        if status.claim.user != user and not force:
+            raise ConflictError(
+                f"claim {status.claim.id} belongs to {status.claim.user}",
+                hint="release it with --force if you must (it is logged)",
+            )
+    released = []
+    for status in targets.values():
+        if _remove_claim(store, status):
+            now = store.now()
+            if status.claim.user != user:
+                kind, by = "force-release", user
+            elif status.reason == "expired":
+                kind, by = "expire", None
+            else:
+                kind, by = "release", None
+            end = min(now, status.claim.expires)
+            store.append_event(claim_event(kind, status.claim, end, by=by))
+            released.append(status.claim)
+    return released
+
+
+def job_claims_of(store: Store, user: str) -> list[tuple[Claim, str]]:
+    """The user's claims that running jobs hold, with the jobs' names (what --all keeps)."""
+    snap = store.snapshot()
+    held = {cid: s for cid, s in snap.claims.items() if s.claim.user == user and _held_by_a_job(s)}
+    return [(s.claim, _job_names(store, {cid: s})) for cid, s in held.items()]
+
+
+def _held_by_a_job(status: ClaimStatus) -> bool:
+    """A job's claim that still holds (a lost job's stale claim may be cleaned up)."""
+    return bool(status.claim.job) and status.state == "claimed"
+
+
+def _job_names(store: Store, statuses: dict[str, ClaimStatus]) -> str:
+    names = []
+    for status in statuses.values():
+        data = store.load_job_dict(job_id=status.claim.job) if status.claim.job else None
+        name = str(data.get("name")) if data else str(status.claim.job)
+        if status.claim.job and name not in names:
+            names.append(name)
+    return ", ".join(names)
+
+
+def extend_claims(
+    config: Config,
+    store: Store,
+    user: str,
+    claim_ids: Sequence[str],
+    extra_s: float,
+    extend_all: bool = False,
+) -> list[Claim]:
+    """Add ``extra_s`` to one's own live claims, keeping ``expires - now <= max_time``."""
+    snap = store.snapshot()
+    if extend_all:
+        chosen = [s for s in snap.claims.values() if s.claim.user == user]
+        if not chosen:
+            raise GpuclaimError(f"{user} holds no claims")
+    else:
+        if not claim_ids:
+            raise UsageError("name a claim id to extend, or --all")
+        chosen = []
+        for cid in claim_ids:
+            status = snap.claims.get(cid)
+            if status is None:
+                raise GpuclaimError(f"no claim {cid!r}", hint="see 'gpuclaim status'")
+            chosen.append(status)
+    result = []
+    for status in chosen:
+        claim = status.claim
+        if claim.user != user:
+            raise ConflictError(
+                f"claim {claim.id} belongs to {claim.user}; only they can extend it"
+            )
+        if status.state == "stale":
+            raise ConflictError(
+                f"claim {claim.id} is {status.reason}; it can no longer be extended",
+                hint="claim the GPUs again",
+            )
+        new_expiry = claim.expires + extra_s
+        ahead = new_expiry - snap.now
+        if ahead > config.limits.max_time_s:
+            allowed = config.limits.max_time_s - (claim.expires - snap.now)
+            raise UsageError(
+                f"that would hold claim {claim.id} for {format_duration(ahead)} from now; the "
+                f"limit is {format_duration(config.limits.max_time_s)}"
+                + (f" (you can add up to {format_duration(allowed)})" if allowed > 60 else "")
+            )
+        new = claim.with_expiry(new_expiry)
+        store.rewrite(claim, new)
+        store.append_event(claim_event("extend", new, store.now()))
+        result.append(new)
+    return result
+
+
+def collect_garbage(
+    store: Store, user: str, prober: Optional[NodeProber] = None, config: Optional[Config] = None
+) -> GcReport:
+    """Remove expired and abandoned claims, set damaged claim files aside; log each. With a
+    prober, the nodes that hold jobs' claims are asked first: a job whose wrapper is gone
+    (node rebooted) is collected now, not three missed heartbeats later."""
+    snap = store.snapshot()
+    if prober is not None and config is not None:
+        job_nodes = {s.claim.node for s in snap.claims.values() if s.claim.job}
+        asked = [n for n in config.nodes if n.name in job_nodes]
+        if asked:
+            inventories = prober.probe(asked)
+            snap = mark_lost_jobs(store.snapshot(), inventories)  # read after the probe
+    report = GcReport()
+    for status in snap.claims.values():
+        if status.state != "stale":
+            continue
+        if _remove_claim(store, status):
+            kind = "expire" if status.reason == "expired" else "reap"
+            end = status.claim.expires if kind == "expire" else snap.now
+            store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
+            (report.expired if kind == "expire" else report.incomplete).append(status.claim)
+    for cf in snap.corrupt():
+        if store.quarantine_corrupt(cf):
+            report.corrupt.append(cf.uuid)
+    report.swept = store.sweep()
+    report.lost_jobs = _finish_lost_jobs(store, snap)
+    return report
+
+
+def _finish_lost_jobs(store: Store, snap: Any) -> list[str]:
+    """Jobs still marked running whose every claim is gone or lost: their node or wrapper went
+    away. Record them as lost (their claims were just collected), so none stays 'running'."""
+    from gpuclaim.core.states import ACTIVE_JOB_STATES
+    from gpuclaim.engine.job_records import finish_rank, load_jobs
+
+    lost = []
+    for job in load_jobs(store):
+        if job.state not in ACTIVE_JOB_STATES or job.state == "queued" or not job.ranks:
+            continue
+        alive = [
+            r
+            for r in job.ranks
+            if r.claim_id in snap.claims and snap.claims[r.claim_id].state == "claimed"
+        ]
+        if alive:
+            continue
+        for r in job.ranks:
+            if r.state not in ("succeeded", "failed", "killed", "timeout", "lost"):
+                finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
+        lost.append(job.name)
+    return lost
+
+
+def drain_node(config: Config, store: Store, user: str, node: str, reason: str) -> None:
+    config.node(node)
+    now = store.now()
+    store.set_drain(node, {"user": user, "reason": reason, "since": now})
+    store.append_event(Event(ts=now, type="drain", user=user, node=node, reason=reason))
+
+
+def undrain_node(config: Config, store: Store, user: str, node: str) -> bool:
+    config.node(node)
+    if not store.clear_drain(node):
+        return False
+    store.append_event(Event(ts=store.now(), type="undrain", user=user, node=node))
+    return True
+
+
+# -- placement ----------------------------------------------------------------------------------
+
+
+def _candidate_nodes(config: Config, req: ClaimRequest) -> list[NodeConfig]:
+    if req.exact:
+        names = []
+        for node, _ in req.exact:
+            if node not in names:
+                names.append(node)
+        if len(names) > 1:
+            raise UsageError("one claim holds GPUs of one node; use one --gpu NODE:I,J")
+        return [config.node(names[0])]
+    if req.node:
+        return [config.node(req.node)]
+    return list(config.nodes)
+
+
+def _pick_free(config: Config, view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
+    reachable = [n.name for n in _candidate_nodes(config, req) if n.name not in view.unreachable]
+    if not reachable:
+        raise UnreachableError(
+            "no node could be asked about its GPUs: "
+            + "; ".join(f"{n}: {view.inventories[n].error}" for n in view.unreachable)
+        )
+    sizes = {n: len(view.gpus_of(n)) for n in reachable}
+    if req.count > max(sizes.values()):
+        where = f"{req.node} has" if req.node else "the largest node has"
+        raise NeverFitsError(
+            f"{req.count} GPUs can never fit: {where} {max(sizes.values())}",
+            hint="ask for fewer GPUs (a claim holds GPUs of one node)",
+        )
+    candidates: list[tuple[int, int, str, list[GpuRow]]] = []
+    for order, node in enumerate(reachable):
+        if node in view.drains:
+            continue
+        free = [r for r in view.gpus_of(node) if r.state in ("free", "stale") and r.uuid]
+        if len(free) >= req.count:
+            candidates.append((len(free), order, node, free))
+    if not candidates:
+        raise ConflictError(_nothing_free_message(view, req, reachable))
+    # Best fit: the node with the fewest free GPUs that still fits, so big requests keep room.
+    _, _, node, free = min(candidates, key=lambda c: (c[0], c[1]))
+    free.sort(key=lambda r: (r.state != "free", r.index))
+    return node, sorted(free[: req.count], key=lambda r: r.index or 0)
+
+
+def _pick_exact(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
+    node, indices = req.exact[0]
+    if node in view.unreachable:
+        raise UnreachableError(f"{node} cannot be reached: {view.inventories[node].error}")
+    if node in view.drains:
+        raise ConflictError(_drain_message(view, node))
+    by_index = {r.index: r for r in view.gpus_of(node)}
+    rows = []
+    for index in indices:
+        row = by_index.get(index)
+        if row is None:
+            raise NeverFitsError(f"{node} has no GPU {index} (it has {_index_list(by_index)})")
+        if row.state == "claimed" and row.claim is not None:
+            raise ConflictError(f"{node} GPU {index} is held by {row.claim.user} ({row.claim.id})")
+        if row.state == "busy-unclaimed":
+            raise ConflictError(f"{node} GPU {index} is busy: {row.reason}")
+        rows.append(row)
+    return node, rows
+
+
+def _pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
+    mine: dict[str, list[GpuRow]] = {}
+    for row in view.rows:
+        if row.gpu is None or row.state == "claimed":
+            continue
+        if any(p.user == req.user for p in row.gpu.processes):
+            mine.setdefault(row.node, []).append(row)
+    if not mine:
+        raise GpuclaimError(
+            f"no unclaimed GPU runs a process of {req.user}",
+            hint="start your job first, or claim with -n",
+        )
+    if len(mine) > 1:
+        raise UsageError(
+            "your processes use GPUs on several nodes: "
+            + ", ".join(sorted(mine))
+            + "; pick one with --node"
+        )
+    node, rows = next(iter(mine.items()))
+    return node, sorted(rows, key=lambda r: r.index or 0)
+
+
+def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) -> None:
+    """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first."""
+    for row in rows:
+        if row.state != "stale":
+            continue
+        if row.claim is None:
+            cf = view.snapshot.files.get(row.uuid or "")
+            if cf is not None:
+                store.quarantine_corrupt(cf)
+            continue
+        status = view.snapshot.claims.get(row.claim.id)
+        if status is not None and _remove_claim(store, status):
+            kind = "expire" if status.reason == "expired" else "reap"
+            end = status.claim.expires if kind == "expire" else view.snapshot.now
+            store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
+            if status.reason == "job lost":
+                finish_lost_claim(store, status.claim)
+
+
+def finish_lost_claim(store: Store, claim: Claim) -> None:
+    """A job's claim judged lost (its wrapper is gone): record the rank as lost, which also
+    releases the claim, so the job does not stay 'running' for ever."""
+    from gpuclaim.core.model import Job
+    from gpuclaim.core.states import FINAL_STATES
+    from gpuclaim.engine.job_records import finish_rank
+
+    data = store.load_job_dict(job_id=claim.job) if claim.job else None
+    if not data:
+        return
+    job = Job.from_dict(data)
+    for r in job.ranks:
+        if r.claim_id == claim.id and r.state not in FINAL_STATES:
+            finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
+
+
+def _remove_claim(store: Store, status: ClaimStatus) -> bool:
+    removed = False
+    for gpu_uuid in status.present:
+        removed |= store.remove_gpu(gpu_uuid, status.claim.id)
+    return removed
+
+
+def _check_user_limit(config: Config, view: ClusterView, req: ClaimRequest) -> None:
+    limit = config.limits.max_gpus_per_user
+    if not limit:
+        return
+    held = sum(
+        len(s.claim.gpus)
+        for s in view.snapshot.claims.values()
+        if s.claim.user == req.user and s.state == "claimed"
+    )
+    wanted = sum(len(i) for _, i in req.exact) if req.exact else req.count
+    if held + wanted > limit:
+        raise ConflictError(
+            f"{req.user} holds {held} GPUs; {wanted} more would pass the limit of {limit} per user",
+            hint="release a claim first",
+        )
+
+
+def _checked_duration(config: Config, duration_s: Optional[float]) -> float:
+    duration = duration_s if duration_s is not None else config.limits.default_time_s
+    if duration > config.limits.max_time_s:
+        raise UsageError(
+            f"--time {format_duration(duration)} is longer than this cluster's limit of "
+            f"{format_duration(config.limits.max_time_s)}"
+        )
+    return duration
+
+
+def _nothing_free_message(view: ClusterView, req: ClaimRequest, nodes: list[str]) -> str:
+    parts = []
+    for node in nodes:
+        if node in view.drains:
+            parts.append(f"{node} drained")
+            continue
+        rows = view.gpus_of(node)
+        free = sum(r.state in ("free", "stale") for r in rows)
+        parts.append(f"{node} {free}/{len(rows)} free")
+    want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
+    return f"no node has {want} free now ({', '.join(parts)})"
+
+
+def _drain_message(view: ClusterView, node: str) -> str:
+    info = view.drains[node]
+    reason = f": {info.get('reason')}" if info.get("reason") else ""
+    return f"{node} is drained by {info.get('user', '?')}{reason}"
+
+
+def _index_list(by_index: dict[Optional[int], GpuRow]) -> str:
+    found = sorted(i for i in by_index if i is not None)
+    return ", ".join(map(str, found)) if found else "no GPUs"

@@ -1,0 +1,299 @@
+"""The cluster view: what every GPU is doing (probe) joined with who holds it (store)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from gpuclaim.core.config import Config, Limits, NodeConfig
+from gpuclaim.core.errors import UnreachableError
+from gpuclaim.core.fanout import Outcome, fan_out
+from gpuclaim.core.liveness import wrapper_gone
+from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
+from gpuclaim.store import ClaimStatus, Snapshot, Store
+
+if TYPE_CHECKING:
+    from gpuclaim.engine.channel import Channels
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One line of ``status``: a GPU, its state and its claim. ``gpu`` is None when the node
+    could not be probed and all we know comes from the store."""
+
+    node: str
+    index: Optional[int]
+    uuid: Optional[str]
+    state: str
+    gpu: Optional[Gpu] = None
+    claim: Optional[Claim] = None
+    reason: str = ""  # why stale / unreachable / busy
+    foreign: tuple[GpuProcess, ...] = ()  # processes that make an unclaimed GPU busy
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.gpu
+        return {
+            "node": self.node,
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": g.name if g else None,
+            "memory_used_mib": g.memory_used_mib if g else None,
+            "memory_total_mib": g.memory_total_mib if g else None,
+            "utilization_pct": g.utilization_pct if g else None,
+            "state": self.state,
+            "reason": self.reason or None,
+            "claim": _claim_dict(self.claim),
+            "processes": [p.to_dict() for p in g.processes] if g else [],
+        }
+
+
+@dataclass
+class ClusterView:
+    rows: list[GpuRow]
+    inventories: dict[str, NodeInventory]
+    snapshot: Snapshot
+    drains: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [n for n, inv in self.inventories.items() if inv.error or not inv.reachable]
+
+    def gpus_of(self, node: str) -> list[GpuRow]:
+        return [r for r in self.rows if r.node == node and r.gpu is not None]
+
+
+class NodeProber:
+    """Asks nodes about their GPUs through their channels (in-process or the agent over SSH),
+    all in parallel under one deadline. The channels hold the SSH pool: keep one prober per
+    process (the board). Without channels it reaches no node (inventories given instead)."""
+
+    def __init__(self, config: Config, channels: Optional[Channels] = None) -> None:
+        self.config = config
+        self._channels = channels
+
+    @property
+    def channels(self) -> Channels:
+        if self._channels is None:
+            raise UnreachableError("no way to reach the nodes was given (a bug in gpuclaim)")
+        return self._channels
+
+    def probe(
+        self,
+        nodes: Sequence[NodeConfig],
+        enough: Optional[Callable[[dict[str, NodeInventory]], bool]] = None,
+    ) -> dict[str, NodeInventory]:
+        """Every node answers with its inventory, or is marked unreachable with the reason.
+        ``enough(answers so far)``: stop waiting for slow nodes once it holds (see fan_out)."""
+        by_name = {n.name: n for n in nodes}
+
+        def answered_enough(outcomes: dict[str, Outcome[NodeInventory]]) -> bool:
+            assert enough is not None
+            good = {n: o.value for n, o in outcomes.items() if o.ok and o.value is not None}
+            return enough({n: v for n, v in good.items() if not v.error})
+
+        outcomes = fan_out(
+            list(by_name),
+            lambda name: self._probe_one(by_name[name]),
+            self.config.limits.deadline_s,
+            answered_enough if enough is not None else None,
+        )
+        result = {}
+        for name, outcome in outcomes.items():
+            if outcome.ok and outcome.value is not None:
+                result[name] = outcome.value
+            else:
+                result[name] = NodeInventory(node=name, reachable=False, error=outcome.error)
+        return result
+
+    def _probe_one(self, node: NodeConfig) -> NodeInventory:
+        limits = self.config.limits
+        args = {
+            "node": node.name,
+            "nvidia_smi": list(node.nvidia_smi),
+            "env": dict(node.env),
+            "timeout": limits.probe_timeout_s,
+        }
+        answer = self.channels.to_node(node).call("probe", args, limits.probe_timeout_s + 5)
+        return NodeInventory.from_dict(answer)
+
+
+def build_view(
+    config: Config,
+    store: Store,
+    nodes: Optional[Sequence[NodeConfig]] = None,
+    inventories: Optional[dict[str, NodeInventory]] = None,
+    prober: Optional[NodeProber] = None,
+    fits: Optional[int] = None,
+) -> ClusterView:
+    """Probe (unless given inventories), read the store, and judge every GPU. With ``fits``,
+    nodes still answering once one that answered has that many free GPUs are not waited for
+    (a claim that fits elsewhere does not wait on a hanging node)."""
+    selected = list(config.nodes) if nodes is None else list(nodes)
+    if inventories is None:
+        enough = None
+        if fits is not None:
+            read: list[Snapshot] = []  # read once, and only if a node is slow to answer
+
+            def enough(answers: dict[str, NodeInventory]) -> bool:
+                if not read:
+                    read.append(store.snapshot())
+                early = read[0]
+                return any(
+                    sum(
+                        1
+                        for g in inv.gpus
+                        if g.uuid not in early.files
+                        and not is_busy(g, foreign_processes(g, config.limits), config.limits)
+                    )
+                    >= fits
+                    for name, inv in answers.items()
+                    if name not in early.drains
+                )
+
+        if prober is None:
+            raise TypeError("build_view: probing the nodes needs a prober (or inventories)")
+        inventories = prober.probe(selected, enough)
+    snap = mark_lost_jobs(store.snapshot(), inventories)
+    rows: list[GpuRow] = []
+    seen: set[str] = set()
+    for node in selected:
+        inv = inventories[node.name]
+        if inv.error or not inv.reachable:
+            rows.extend(_rows_without_probe(node.name, inv, snap, seen))
+            continue
+        for gpu in inv.gpus:
+            seen.add(gpu.uuid)
+            rows.append(judge_gpu(gpu, snap.claim_for(gpu.uuid), snap, config.limits))
+    # Claims on GPUs that no probe reported (GPU removed, UUID changed): still shown.
+    names = {n.name for n in selected}
+    for status in snap.claims.values():
+        if status.claim.node not in names:
+            continue
+        for g in status.claim.gpus:
+            if g.uuid not in seen and g.uuid in status.present:
+                seen.add(g.uuid)
+                state = status.state if inventories[status.claim.node].reachable else "unreachable"
+                rows.append(
+                    GpuRow(
+                        status.claim.node,
+                        g.index,
+                        g.uuid,
+                        state,
+                        None,
+                        status.claim,
+                        status.reason or "GPU not seen by the probe",
+                    )
+                )
+    rows.sort(key=lambda r: (_node_order(config, r.node), r.index if r.index is not None else -1))
+    return ClusterView(rows=rows, inventories=inventories, snapshot=snap, drains=snap.drains)
+
+
+def mark_lost_jobs(snap: Snapshot, inventories: dict[str, NodeInventory]) -> Snapshot:
+    """Job claims whose node answered and proves their wrapper gone (the node rebooted, its
+    tmux server was killed) are stale at once: ``job lost``, as missed heartbeats would say
+    only minutes later. The store is read after the probe, so a wrapper that ended normally
+    between the two has released its claim already."""
+    lost = {}
+    for claim_id, status in snap.claims.items():
+        inv = inventories.get(status.claim.node)
+        if status.state != "claimed" or not status.claim.job or inv is None or inv.error:
+            continue
+        if wrapper_gone(snap.beats.get(claim_id), inv.liveness):
+            lost[claim_id] = ClaimStatus(status.claim, "stale", "job lost", status.present)
+    if not lost:
+        return snap
+    return dataclasses.replace(snap, claims={**snap.claims, **lost})
+
+
+def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: Limits) -> GpuRow:
+    """free / claimed / busy-unclaimed / stale for one probed GPU."""
+    cf = snap.files.get(gpu.uuid)
+    if cf is not None and cf.unreadable:
+        reason = f"claim file {cf.error}: held, by whom gpuclaim cannot tell"
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, "claimed", gpu, None, reason)
+    if cf is not None and cf.claim is None:
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, "stale", gpu, None, f"claim file {cf.error}")
+    foreign = foreign_processes(gpu, limits)
+    if status is not None:
+        return GpuRow(
+            gpu.node, gpu.index, gpu.uuid, status.state, gpu, status.claim, status.reason, foreign
+        )
+    if is_busy(gpu, foreign, limits):
+        reason = "no claim: " + ", ".join(_describe(p) for p in foreign[:3])
+        if len(foreign) > 3:
+            reason += f" and {len(foreign) - 3} more"
+        if not foreign:
+            reason = f"{gpu.memory_used_mib} MiB in use by processes we cannot see, and no claim"
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, "busy-unclaimed", gpu, None, reason, foreign)
+    return GpuRow(gpu.node, gpu.index, gpu.uuid, "free", gpu, None, "", foreign)
+
+
+def foreign_processes(gpu: Gpu, limits: Limits) -> tuple[GpuProcess, ...]:
+    """Processes that count as use of the GPU: display servers and desktops do not."""
+    ignored = set(limits.ignore_processes)
+    return tuple(p for p in gpu.processes if _basename(p.name) not in ignored)
+
+
+def is_busy(gpu: Gpu, foreign: Sequence[GpuProcess], limits: Limits) -> bool:
+    """Busy when foreign processes hold at least the threshold of memory (or do not say how
+    much); with no visible processes (other containers), when memory in use passes it."""
+    if foreign:
+        known = [p.used_memory_mib for p in foreign if p.used_memory_mib is not None]
+        if len(known) < len(foreign):
+            return True
+        return sum(known) >= limits.busy_memory_mib
+    if gpu.processes:  # only ignored ones (Xorg...)
+        return False
+    return (gpu.memory_used_mib or 0) >= limits.busy_memory_mib
+
+
+def _rows_without_probe(
+    node: str, inv: NodeInventory, snap: Snapshot, seen: set[str]
+) -> list[GpuRow]:
+    """An unprobed node is still a row (or one per GPU we know from its claims)."""
+    reason = inv.error or "unreachable"
+    rows = []
+    for status in snap.claims.values():
+        if status.claim.node != node:
+            continue
+        for g in status.claim.gpus:
+            if g.uuid in status.present and g.uuid not in seen:
+                seen.add(g.uuid)
+                rows.append(
+                    GpuRow(node, g.index, g.uuid, "unreachable", None, status.claim, reason)
+                )
+    if not rows:
+        rows.append(GpuRow(node, None, None, "unreachable", None, None, reason))
+    return rows
+
+
+def _describe(proc: GpuProcess) -> str:
+    who = f"{proc.user}'s " if proc.user else ""
+    mem = f" {proc.used_memory_mib / 1024:.1f} GiB" if proc.used_memory_mib is not None else ""
+    return f"{who}{_basename(proc.name)} (pid {proc.pid}){mem}"
+
+
+def _claim_dict(claim: Optional[Claim]) -> Optional[dict[str, Any]]:
+    if claim is None:
+        return None
+    return {
+        "id": claim.id,
+        "user": claim.user,
+        "job": claim.job,
+        "since": iso(claim.since),
+        "expires": iso(claim.expires),
+        "note": claim.note,
+    }
+
+
+def _basename(name: str) -> str:
+    return name.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _node_order(config: Config, node: str) -> int:
+    for i, n in enumerate(config.nodes):
+        if n.name == node:
+            return i
+    return len(config.nodes)

@@ -1,0 +1,94 @@
+"""Watching a job end from outside: its first moment after ``run``, and the exit code and the
+one line ``run --follow`` and ``logs -f`` end with (README, "Exit codes")."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.model import Job, JobRank
+from gpuclaim.core.states import FINAL_STATES
+from gpuclaim.engine.job_records import reload_job
+from gpuclaim.store import Store
+
+# What `run --follow` and `logs -f` exit with for a job that did not end by its own exit
+# (README, "Exit codes"); a job that exits on its own gives its own code.
+KILLED_EXIT = 128 + 15  # stopped (kill, the idle policy): as a shell says SIGTERM
+
+
+TIMEOUT_EXIT = 124  # past its --time, as timeout(1) says it
+
+
+LOST_EXIT = 255  # its node, tmux or wrapper went away: how it ended is unknown
+
+
+# `run` watches a job's first moment, so that one that dies at once is not "Started":
+SETTLE_S = 0.5  # running this long on every rank: past its first moment
+
+
+FIRST_MOMENT_S = 2.0  # never waits longer than this (a node slow to start it)
+
+
+def watch_first_moment(
+    store: Store,
+    job: Job,
+    settle_s: float = SETTLE_S,
+    bound_s: float = FIRST_MOMENT_S,
+    poll_s: float = 0.1,
+) -> Job:
+    """The job once it is past its first moment: ended (a missing file, a bad argument, a
+    missing workdir), or running on every rank for ``settle_s``, or as it is after ``bound_s``
+    (a node slow to start it). Only reads its record."""
+    deadline = time.monotonic() + bound_s
+    running_since: Optional[float] = None
+    while True:
+        job = reload_job(store, job)
+        now = time.monotonic()
+        # A one-node job's end is recorded as the rank's, then the job's (with its reason):
+        # wait for the job's. A gang's failed rank is news at once (its others still stop).
+        if job.state in FINAL_STATES or (len(job.ranks) > 1 and first_bad_rank(job)):
+            return job
+        if job.ranks and all(r.state == "running" for r in job.ranks):
+            running_since = running_since or now
+            if now - running_since >= settle_s:
+                return job
+        if now >= deadline:
+            return job
+        time.sleep(poll_s)
+
+
+def first_bad_rank(job: Job) -> Optional[JobRank]:
+    """A rank that ended other than well (a gang job may still be stopping its others)."""
+    return next((r for r in job.ranks if r.state in FINAL_STATES and r.state != "succeeded"), None)
+
+
+def exit_code_of(job: Job) -> int:
+    """What `run --follow` and `logs -f` exit with: the job's own exit code when it ended by
+    itself, else the documented code of how it ended."""
+    if job.state == "succeeded":
+        return 0
+    if job.state == "failed":
+        return job.exit_code or 1  # no code: it never ran (a missing workdir, GPUs gone)
+    return {"killed": KILLED_EXIT, "timeout": TIMEOUT_EXIT, "lost": LOST_EXIT}.get(job.state, 1)
+
+
+def outcome_line(job: Job, now: float) -> str:
+    """One line of how a job ended, with the exit code ``exit_code_of`` gives, for scripts:
+    ``job train-1a2b failed (exit code 3) after 12s``."""
+    code = exit_code_of(job)
+    took = format_duration(max(0.0, (job.ended or now) - (job.started or job.submitted)))
+    if job.state == "succeeded":
+        return f"job {job.name} succeeded after {took}"
+    if job.state == "failed":
+        why = f"{job.reason}; " if job.exit_code is None and job.reason else ""
+        return f"job {job.name} failed ({why}exit code {code}) after {took}"
+    if job.state == "timeout":
+        limit = format_duration(job.time_limit_s)
+        return f"job {job.name} reached its time limit of {limit} (exit code {code}) after {took}"
+    if job.state == "lost":
+        return (
+            f"job {job.name} was lost: its node, tmux or wrapper went away "
+            f"(exit code {code}) after {took}"
+        )
+    return f"job {job.name} was {job.state} (exit code {code}) after {took}"

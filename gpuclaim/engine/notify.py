@@ -1,0 +1,348 @@
+"""Slack (and Mattermost) notifications that never get in the way.
+
+The event log is the outbox: every message is an event that is already on shared storage.
+Whoever runs gpuclaim next (a CLI call, ``gc``, a job's wrapper on its node) delivers what is
+not delivered yet, from a per-log-file cursor kept on the storage, under a lock so two
+deliverers never post the same event. A post has a short timeout; a server that is down,
+slow or rate-limiting just leaves the rest for the next deliverer; permanent errors are
+recorded for ``doctor`` and ``notify test`` and are not retried forever.
+
+Standard library only: job wrappers deliver from the nodes (the laptop may be closed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpuclaim.core.config import Config, SlackConfig
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.model import Event
+from gpuclaim.store import ClaimStore
+
+# Event types that become messages, and their names in ``[slack] events``.
+MESSAGE_EVENTS = {
+    "job-start": "job_started",
+    "job-end": "job_ended",
+    "claim": "claim",
+    "release": "release",
+    "expire": "expired",
+    "force-release": "forced",
+    "force-kill": "forced",
+    "claim-expiring": "expiring",
+    "busy-unclaimed": "busy_unclaimed",
+    "node-unreachable": "unreachable",
+    "claim-idle": "idle",
+}
+DEFAULT_EVENTS = (
+    "job_started",
+    "job_ended",
+    "expiring",
+    "expired",
+    "busy_unclaimed",
+    "unreachable",
+    "idle",
+    "forced",
+)
+PERMANENT_ERRORS = (
+    "invalid_payload",
+    "no_service",
+    "channel_not_found",
+    "channel_is_archived",
+    "action_prohibited",
+    "posting_to_general_channel_denied",
+    "invalid_token",
+    "no_team",
+    "team_disabled",
+)
+MIN_INTERVAL_S = 1.0  # Slack: about one message per second per webhook
+FIRST_RUN_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class PostResult:
+    ok: bool
+    status: Optional[int]  # HTTP status, None if no answer
+    body: str
+    retry_after: Optional[float] = None
+    permanent: bool = False
+
+    def describe(self) -> str:
+        if self.status is None:
+            return f"no answer: {self.body}"
+        return f"HTTP {self.status}: {self.body[:200] or '(empty body)'}"
+
+
+def post(url: str, payload: dict[str, Any], timeout: float) -> PostResult:
+    """One POST; never raises, never mentions the URL (it is a secret)."""
+    data = json.dumps(payload).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            body = resp.read(2048).decode("utf-8", "replace").strip()
+            return PostResult(True, resp.status, body)
+    except urllib.error.HTTPError as exc:
+        body = exc.read(2048).decode("utf-8", "replace").strip() if exc.fp else ""
+        retry = exc.headers.get("Retry-After") if exc.headers else None
+        permanent = exc.code in (400, 403, 404, 410) and (
+            exc.code in (404, 410) or any(p in body for p in PERMANENT_ERRORS)
+        )
+        return PostResult(False, exc.code, body, _seconds(retry), permanent)
+    except urllib.error.URLError as exc:
+        reason = exc.reason if isinstance(exc.reason, str) else type(exc.reason).__name__
+        text = getattr(exc.reason, "strerror", None) or reason
+        return PostResult(False, None, str(text))
+    except (TimeoutError, OSError) as exc:
+        return PostResult(False, None, f"{type(exc).__name__}: timed out or refused")
+
+
+def _seconds(value: Optional[str]) -> Optional[float]:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+def wanted(event: Event, slack: SlackConfig) -> bool:
+    kind = MESSAGE_EVENTS.get(event.type)
+    if kind is None:
+        return False
+    chosen = slack.events or DEFAULT_EVENTS
+    if kind not in chosen and event.type not in chosen:
+        return False
+    return event.user not in slack.opt_out
+
+
+def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
+    """Block Kit with a plain-text fallback; short enough for a phone. Everything that comes
+    from users or jobs (names, notes, reasons, log lines) is escaped as Slack asks (``&``,
+    ``<``, ``>``): a log line ``<!channel>`` stays text, never a mass mention or a link."""
+    who = _mention(event.user, slack)
+    extra = {k: _esc(v) if isinstance(v, str) else v for k, v in event.extra.items()}
+    node = _esc(event.node or "")
+    reason = _esc(event.reason or "")
+    where = f"{node} GPU {','.join(map(str, event.gpus))}" if node else ""
+    if event.type == "job-end":
+        state = extra.get("state", "ended")
+        icon = {"succeeded": "✅", "failed": "❌", "timeout": "⏱", "killed": "🛑"}.get(state, "•")
+        duration = (event.ts - event.since) if event.since else 0.0
+        gpus = int(extra.get("gpus_total") or len(event.gpus) or 1)
+        text = f"{icon} {who}'s job *{extra.get('job')}* {state}"
+        if extra.get("exit_code") is not None and state != "succeeded":
+            text += f" (exit code {extra['exit_code']})"
+        details = f"{where} · {format_duration(duration)} · {gpus * duration / 3600:.2f} GPU-h"
+        tail = extra.get("log_tail")
+        blocks = [_section(text), _context(details)]
+        if tail:
+            blocks.append(_section(f"```{tail[-1500:]}```"))
+        return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
+    if event.type == "job-start":
+        queued = " (from the queue)" if extra.get("from_queue") else ""
+        text = f"▶️ {who}'s job *{extra.get('job')}* started{queued} on {where}"
+    elif event.type == "claim":
+        text = f"🔒 {who} claimed {where}" + (f": {extra['note']}" if extra.get("note") else "")
+    elif event.type in ("release", "force-release"):
+        by = f" (released by {_esc(event.by)})" if event.by and event.by != event.user else ""
+        text = f"🔓 {who} released {where}{by}"
+    elif event.type == "force-kill":
+        killer = _esc(event.by or "?")
+        text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {killer} (--force)"
+    elif event.type == "expire":
+        text = f"⌛ {who}'s claim on {where} expired"
+    elif event.type == "claim-expiring":
+        text = f"⏳ {who}, your claim on {where} ends in {extra.get('left', 'a few minutes')}"
+    elif event.type == "claim-idle":
+        text = f"💤 {who}, your claim on {where} looks idle: {reason}. Release it?"
+    elif event.type == "busy-unclaimed":
+        text = f"⚠️ {where} is busy without a claim: {reason}"
+    elif event.type == "node-unreachable":
+        text = f"🔌 {node} is unreachable: {reason}"
+    else:
+        text = f"{_esc(event.type)}: {who} {where}"
+    return {"text": _plain(text), "blocks": [_section(text)]}
+
+
+def _mention(user: str, slack: SlackConfig) -> str:
+    """gpuclaim's own markup, the one thing left raw: a member id from the admin's config."""
+    member = dict(slack.mentions).get(user)
+    return f"<@{member}>" if member else _esc(user)
+
+
+def _esc(text: str) -> str:
+    """Slack's three control characters, as its formatting rules say to escape them."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}}
+
+
+def _context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:2900]}]}
+
+
+def _plain(text: str) -> str:
+    return text.replace("*", "")
+
+
+# -- notices: conditions seen by whoever looks (status, board, gc) -------------------------------
+
+EXPIRING_WITHIN_S = 15 * 60
+
+
+def record_notices(view: Any, store: Any) -> list[Event]:
+    """Log an event, once per episode, for claims about to expire, GPUs busy without a
+    claim and unreachable nodes, so that Slack hears of them even if nobody is looking."""
+    now = view.snapshot.now
+    events: list[Event] = []
+    expiring = [
+        s.claim
+        for s in view.snapshot.claims.values()
+        if s.state == "claimed"
+        and 0 < s.claim.expires - now < EXPIRING_WITHIN_S
+        and not s.claim.job  # a job's claim ends with its time limit: no reminder
+    ]
+    for cid in store.mark_notices(scope="expiring", keys=[c.id for c in expiring]):
+        c = next(c for c in expiring if c.id == cid)
+        events.append(
+            Event(
+                ts=now,
+                type="claim-expiring",
+                user=c.user,
+                claim_id=c.id,
+                node=c.node,
+                gpus=tuple(c.indices),
+                extra={"left": format_duration(c.expires - now)},
+            )
+        )
+    busy = {r.uuid: r for r in view.rows if r.state == "busy-unclaimed" and r.uuid}
+    for uuid in store.mark_notices(scope="busy", keys=sorted(busy)):
+        r = busy[uuid]
+        users = sorted({p.user for p in r.foreign if p.user}) or ["someone"]
+        events.append(
+            Event(
+                ts=now,
+                type="busy-unclaimed",
+                user=users[0],
+                node=r.node,
+                gpus=(r.index or 0,),
+                reason=r.reason,
+            )
+        )
+    down = {name: view.inventories[name].error or "unreachable" for name in view.unreachable}
+    for node in store.mark_notices(scope="unreachable", keys=sorted(down)):
+        events.append(Event(ts=now, type="node-unreachable", user="", node=node, reason=down[node]))
+    for event in events:
+        store.append_event(event)
+    return events
+
+
+# -- delivery -----------------------------------------------------------------------------------
+
+
+@dataclass
+class DeliveryReport:
+    sent: int = 0
+    pending: bool = False  # something is left for the next deliverer
+    last_error: Optional[str] = None
+
+
+def deliver(config: Config, store: ClaimStore, budget_s: float = 2.0) -> DeliveryReport:
+    """Post undelivered events within ``budget_s`` (plus at most one post's timeout)."""
+    report = DeliveryReport()
+    slack = config.slack
+    if not slack.webhook_url:
+        return report
+    lock = store.try_lock("notify")
+    give_up = time.monotonic() + budget_s / 2
+    while lock is None and time.monotonic() < give_up:
+        time.sleep(0.1)  # another process is delivering: it may be done soon
+        lock = store.try_lock("notify")
+    if lock is None:
+        report.pending = True
+        return report
+    with lock:
+        state = store.read_notify("state.json")
+        if time.time() < float(state.get("not_before", 0)):
+            report.pending = True
+            return report
+        deadline = time.monotonic() + budget_s
+        last_post = 0.0
+        for log in store.event_logs():
+            cursor_name = f"cursor-{log}.json"
+            cursor = store.read_notify(cursor_name)
+            offset = int(cursor.get("offset", 0))
+            # A webhook configured today does not post the lab's whole history.
+            skip_before = time.time() - FIRST_RUN_WINDOW_S if not cursor else 0.0
+            data = store.read_event_log(log, offset)
+            for raw in data.splitlines(keepends=True):
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written
+                event = _parse(raw)
+                if event is not None and event.ts >= skip_before and wanted(event, slack):
+                    if time.monotonic() > deadline:
+                        report.pending = True
+                        return report
+                    wait = MIN_INTERVAL_S - (time.monotonic() - last_post)
+                    if wait > 0:
+                        time.sleep(wait)
+                    result = post(slack.webhook_url, render_message(event, slack), slack.timeout_s)
+                    last_post = time.monotonic()
+                    if not result.ok and not result.permanent:
+                        report.pending = True
+                        report.last_error = result.describe()
+                        state.update(last_error=report.last_error, last_error_at=time.time())
+                        if result.retry_after is not None:
+                            state["not_before"] = time.time() + result.retry_after
+                        store.write_notify("state.json", state)
+                        return report
+                    if result.permanent:
+                        # Not retried forever: recorded for doctor / notify test, then dropped.
+                        state.update(
+                            permanent_error=result.describe(), permanent_error_at=time.time()
+                        )
+                        store.write_notify("state.json", state)
+                    else:
+                        report.sent += 1
+                offset += len(raw)
+                store.write_notify(cursor_name, {"offset": offset})
+        if report.sent and state.get("last_error"):
+            state.pop("last_error", None)
+            store.write_notify("state.json", state)
+    return report
+
+
+def slack_problems(state: dict[str, Any]) -> list[tuple[str, str]]:
+    """Doctor's view of delivery: (problem, fix) pairs."""
+    problems = []
+    if state.get("permanent_error"):
+        problems.append(
+            (
+                f"Slack refused a message for good: {state['permanent_error']}",
+                "check [slack] webhook_url (revoked? channel gone?), then gpuclaim notify test",
+            )
+        )
+    if state.get("last_error"):
+        problems.append(
+            (
+                f"Slack delivery is behind: {state['last_error']}",
+                "messages wait in the event log and go out once the webhook answers",
+            )
+        )
+    return problems
+
+
+def _parse(raw: bytes) -> Optional[Event]:
+    try:
+        return Event.from_dict(json.loads(raw.decode("utf-8")))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None

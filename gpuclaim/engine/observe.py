@@ -1,0 +1,32 @@
+"""What every look at the GPUs does besides showing them: ``status`` and the board alike."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuclaim.core.errors import StorageRefusesWrites
+from gpuclaim.engine.idle import apply_policy, sample_view
+
+
+def follow_up_look(
+    config: Any, store: Any, view: Any
+) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:
+    """Record what the look found: jobs found lost, the usage it saw, the idle policy, Slack
+    notices. Returns the claims' usage summaries, and why nothing could be recorded when the
+    storage refuses writes (the look still shows what it holds; summaries are only read)."""
+    from gpuclaim.engine.claims import finish_lost_claim
+
+    try:
+        for status in view.snapshot.claims.values():
+            if status.reason == "job lost" and status.claim.job:
+                finish_lost_claim(store, status.claim)
+        summaries = sample_view(view, store, config.idle.threshold_pct)
+        apply_policy(config, store, view, summaries)
+        if config.slack.webhook_url:
+            from gpuclaim.engine.notify import record_notices
+
+            record_notices(view, store)
+    except StorageRefusesWrites as exc:
+        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})
+        return (store.usage_summaries(ids=held) if held else {}), exc
+    return summaries, None

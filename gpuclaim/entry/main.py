@@ -1,0 +1,230 @@
+"""The ``gpuclaim`` app: command registration, and the one place where errors become a
+one-line message and an exit code.
+
+The app is built on first use, not at import: shell completion (``_GPUCLAIM_COMPLETE``) is
+answered by ``main()`` before typer or any command is imported, in a few milliseconds."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import typer
+
+COMPLETE_VAR = "_GPUCLAIM_COMPLETE"  # set by the completion scripts (completion.py)
+
+
+@functools.cache
+def build_app() -> typer.Typer:
+    """The typer app: the global options (common.root) and every command."""
+    import typer
+
+    from gpuclaim.cli import admin, claim, export, history, jobs, settings, setup, status
+    from gpuclaim.cli.common import root
+    from gpuclaim.entry import board_command as board
+
+    app = typer.Typer(
+        name="gpuclaim",
+        help="Claim, check and run on a small team's shared GPU servers.",
+        no_args_is_help=True,
+        add_completion=False,  # common.root has --install-completion and --show-completion
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(root)
+    app.command(
+        "status",
+        help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
+        short_help="Every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
+    )(status.status)
+    app.command("ls", hidden=True)(status.status)
+    app.command("claim")(claim.claim)
+    app.command("release")(claim.release)
+    app.command("extend")(claim.extend)
+    app.command(
+        "run",
+        context_settings=jobs.RUN_CONTEXT,
+        short_help="Run a command on claimed GPUs in tmux on a node, or queue it.",
+    )(jobs.run)
+    app.command("jobs", short_help="Running and queued jobs of everyone, and your recent ones.")(
+        jobs.jobs
+    )
+    app.command("logs")(jobs.logs)
+    app.command("attach")(jobs.attach)
+    app.command("kill", short_help="Stop a job on all its nodes, or take it out of the queue.")(
+        jobs.kill
+    )
+    app.command("shell", short_help="An interactive shell on a node with GPUs, time-limited.")(
+        jobs.shell
+    )
+    app.command("notebook", short_help="Jupyter on a node with GPUs, until its time limit.")(
+        jobs.notebook
+    )
+    app.command("history")(history.history)
+    app.command("gc", short_help="Remove expired and abandoned claims, set damaged files aside.")(
+        admin.gc
+    )
+    app.command("drain")(admin.drain)
+    app.command("undrain")(admin.undrain)
+    app.command("doctor", short_help="Check every node: SSH, tmux, GPUs, storage, clock, agent.")(
+        admin.doctor
+    )
+    app.add_typer(settings.notify_app, name="notify")
+    app.add_typer(settings.config_app, name="config")
+    app.command("init", short_help="Write a config file and make the store.")(setup.init)
+    app.command("demo", short_help="A sandbox with simulated GPUs: try it all without a cluster.")(
+        setup.demo
+    )
+    app.add_typer(
+        export.app, name="export", short_help="SLURM's config and job scripts, to move on to SLURM."
+    )
+    app.command("board", short_help="Live board of who holds which GPU; claim, release, kill.")(
+        board.board
+    )
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from gpuclaim.entry.main import app` still works
+        return build_app()
+    raise AttributeError(name)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the CLI; every error ends here as one line on stderr and a documented exit code."""
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:
+        from gpuclaim.cli.completion import answer
+
+        return answer(instruction)
+    from gpuclaim.core.errors import ExitCode, GpuclaimError  # after the fast path: it needs none
+
+    args = sys.argv[1:] if argv is None else argv
+    ours = args[: args.index("--")] if "--" in args else args  # not a job's own --debug
+    debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
+    _quiet_libraries(debug)
+    try:
+        result = build_app()(args=args, prog_name="gpuclaim", standalone_mode=False)
+    except GpuclaimError as exc:
+        return _fail(exc.exit_code, str(exc), debug)
+    except KeyboardInterrupt:
+        sys.stderr.write("gpuclaim: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `gpuclaim status | head`: the reader left; not an error worth a traceback.
+        _stdout_to_devnull()
+        return ExitCode.OK
+    except SystemExit:
+        # click turns a broken pipe inside a command into exit 1, after wrapping stdout so
+        # that nothing more is said: the same reader that left, the same answer.
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            _stdout_to_devnull()
+            return ExitCode.OK
+        raise
+    except OSError as exc:
+        # A path the user named that cannot be used, a full disk: their situation, not a bug.
+        _flush_stdout()
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(ExitCode.ERROR, f"{where}{exc.strerror or exc}", debug)
+    except Exception as exc:
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        # click's exceptions, whether from click itself or the copy newer typers vendor.
+        if "NoArgsIsHelpError" in kinds:
+            return _no_command(exc, debug)
+        if "UsageError" in kinds:
+            where = f" (see 'gpuclaim {_command_path(exc, args)}--help')"
+            return _fail(ExitCode.USAGE, exc.format_message() + where, debug)  # type: ignore[attr-defined]
+        if "Abort" in kinds:
+            sys.stderr.write("gpuclaim: aborted\n")
+            return 130
+        if "ClickException" in kinds:
+            return _fail(ExitCode.ERROR, exc.format_message(), debug)  # type: ignore[attr-defined]
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        # A bug: still one line, with the way to see more.
+        sys.stderr.write(
+            f"gpuclaim: internal error: {type(exc).__name__}: {exc} (run with --debug for the "
+            "traceback, and please report it)\n"
+        )
+        return ExitCode.ERROR
+    return int(result) if isinstance(result, int) else ExitCode.OK
+
+
+def _quiet_libraries(debug: bool) -> None:
+    """What libraries say on their own (paramiko's transport thread logs a traceback for a
+    node that never sends its banner, cryptography warns about ciphers) is not for the user's
+    terminal: gpuclaim reports the outcome itself, in its own line. ``--debug`` shows it all."""
+    import logging
+    import threading
+
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+        return
+    logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" stderr handler
+    warnings.simplefilter("ignore")
+    threading.excepthook = lambda _args: None  # a library's worker thread dying: not ours
+
+
+def _fail(code: int, message: str, debug: bool) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    sys.stderr.write(f"gpuclaim: error: {message}\n")
+    return int(code)
+
+
+def _no_command(exc: Exception, debug: bool) -> int:
+    """``gpuclaim`` alone prints the help; ``gpuclaim notify`` says what it needs, in one line."""
+    from gpuclaim.core.errors import ExitCode
+
+    ctx: Any = getattr(exc, "ctx", None)
+    if ctx is None or ctx.parent is None:
+        sys.stdout.write((ctx.get_help() if ctx is not None else "") + "\n")
+        return ExitCode.USAGE
+    group = ctx.command
+    names = [n for n in group.list_commands(ctx) if not group.get_command(ctx, n).hidden]
+    path = ctx.command_path.split(" ", 1)[-1]
+    message = (
+        f"'gpuclaim {path}' needs a command: {', '.join(names)} (see 'gpuclaim {path} --help')"
+    )
+    return _fail(ExitCode.USAGE, message, debug)
+
+
+def _command_path(exc: Exception, args: list[str]) -> str:
+    """'claim ' for an error in ``gpuclaim claim ...``, '' at the top level."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and ctx.parent is not None:
+        return str(ctx.command_path).split(" ", 1)[-1] + " "
+    if ctx is None:  # raised by the option parser, before the command had a context
+        from gpuclaim.cli.completion import resolve
+
+        path = resolve(args).path
+        return "".join(f"{p} " for p in path)
+    return ""
+
+
+def _stdout_to_devnull() -> None:
+    """Output nobody can read any more: drop it, so that the exit flush does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:  # stdout itself is what failed (a full disk): drop the rest
+        _stdout_to_devnull()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The node agent: what must run *on* a node, driven by the CLI over SSH.
+
+One request per process: a JSON object on stdin, a JSON object on stdout. Standard library
+and Python 3.9 only, because nodes have whatever python3 their distribution ships; the CLI
+sends this module and the few it needs as one zip (see ``remote/bundle.py``) and caches it
+on the node by version.
+
+Requests: ``{"op": "probe", ...}``, ``{"op": "doctor", ...}``, and
+``{"op": "store", "root": PATH, "method": NAME, "args": {...}}`` which runs one claim-store
+operation on this host, so laptops that do not mount the storage get the same atomic claims
+and the storage host's clock.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuclaim import __version__
+from gpuclaim.core.errors import GpuclaimError, error_to_wire
+
+# Each request imports only what it needs: the agent starts once per request.
+
+AGENT_PROTOCOL = 1
+
+
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one request; errors of ours come back as data, never as a traceback."""
+    op = request.get("op")
+    handler = _OPS.get(str(op))
+    if handler is None:
+        return {"error": {"type": "GpuclaimError", "message": f"agent: unknown op {op!r}"}}
+    try:
+        return {"result": handler(request)}
+    except (GpuclaimError, OSError) as exc:
+        return {"error": error_to_wire(exc)}
+
+
+def _probe(request: dict[str, Any]) -> dict[str, Any]:
+    from gpuclaim.node.probe.local import probe_local
+
+    inv = probe_local(
+        str(request["node"]),
+        tuple(request.get("nvidia_smi") or ()),
+        dict(request.get("env") or {}),
+        float(request.get("timeout", 10.0)),
+        liveness=True,
+    )
+    return inv.to_dict()
+
+
+def _doctor(request: dict[str, Any]) -> dict[str, Any]:
+    """Facts about this node for ``gpuclaim doctor``; each check independent of the others."""
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "agent_version": __version__,
+        "protocol": AGENT_PROTOCOL,
+        "time": time.time(),
+        "hostname": platform.node(),
+    }
+    tmux = shutil.which("tmux")
+    facts["tmux"] = _version_of([tmux, "-V"]) if tmux else None
+    facts["nvidia_smi"] = shutil.which("nvidia-smi")
+    try:
+        import pynvml  # noqa: F401
+
+        facts["pynvml"] = True
+    except ImportError:
+        facts["pynvml"] = False
+    facts["inventory"] = _probe(request) if request.get("node") else None
+    root = request.get("storage")
+    if root:
+        facts["storage"] = _storage_facts(Path(str(root)))
+    facts["time"] = time.time()  # last, so clock skew is not blurred by the probes above
+    return facts
+
+
+def _storage_facts(root: Path) -> dict[str, Any]:
+    from gpuclaim.store import ClaimStore
+
+    store = ClaimStore(root)
+    try:
+        # Looked at, never made here: an empty directory at the path is a node that does
+        # not mount the shared storage, not a place for a store of its own.
+        if not root.is_dir():
+            return {"path": str(root), "ok": False, "error": f"{root} does not exist"}
+        if not (root / "VERSION").exists():
+            error = f"{root} holds no gpuclaim store (is the shared storage mounted there?)"
+            return {"path": str(root), "ok": False, "error": error}
+        refusal = store.writable()
+        if refusal:
+            return {"path": str(root), "ok": False, "error": refusal}
+        return {"path": str(root), "ok": True, "time": store.now(), "id": store.store_id()}
+    except GpuclaimError as exc:
+        return {"path": str(root), "ok": False, "error": str(exc)}
+
+
+def _version_of(argv: list[Any]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"error: {exc}"
+    return (proc.stdout or proc.stderr).strip()
+
+
+def _store(request: dict[str, Any]) -> Any:
+    """One method of the store's interface (``gpuclaim.store.interface.Store``), run here."""
+    from gpuclaim.store import STORE_CODEC, STORE_METHODS, ClaimStore
+
+    method = str(request["method"])
+    if method not in STORE_METHODS:
+        raise GpuclaimError(f"agent: unknown store method {method!r}")
+    store = ClaimStore(Path(str(request["root"])))
+    args = STORE_CODEC.decode(request.get("args") or [])
+    kwargs = STORE_CODEC.decode(request.get("kwargs") or {})
+    return STORE_CODEC.encode(getattr(store, method)(*args, **kwargs))
+
+
+def _launch(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.runner import launch_rank
+
+    return launch_rank(request["spec"])
+
+
+def _keep_queue(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.home import start_keeper
+
+    return start_keeper(request["spec"])
+
+
+def _stop_session(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.runner import stop_session
+
+    return stop_session(str(request["session"]))
+
+
+def _read_log(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.runner import read_log
+
+    return read_log(
+        str(request["path"]), int(request.get("offset", 0)), int(request.get("tail_lines", 0))
+    )
+
+
+def _node_facts(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.runner import node_facts
+
+    return node_facts()
+
+
+def _hardware(request: dict[str, Any]) -> Any:
+    from gpuclaim.node.hardware import probe_hardware
+
+    return probe_hardware()
+
+
+def _notify_deliver(request: dict[str, Any]) -> Any:
+    from gpuclaim.core.config import parse_config
+    from gpuclaim.engine.notify import deliver
+    from gpuclaim.store import ClaimStore
+
+    report = deliver(
+        parse_config(request["config"]),
+        ClaimStore(Path(str(request["root"]))),
+        budget_s=float(request.get("budget", 2.0)),
+    )
+    return {"sent": report.sent, "pending": report.pending}
+
+
+_OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "probe": _probe,
+    "doctor": _doctor,
+    "store": _store,
+    "launch": _launch,
+    "keep_queue": _keep_queue,
+    "stop_session": _stop_session,
+    "read_log": _read_log,
+    "node_facts": _node_facts,
+    "notify_deliver": _notify_deliver,
+    "hardware": _hardware,
+    "ping": lambda r: {"version": __version__, "time": time.time()},
+}

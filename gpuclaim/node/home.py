@@ -1,0 +1,55 @@
+"""Where a node keeps its jobs' files, and how the node code starts itself again (the job
+wrapper in tmux, the queue keeper)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def jobs_home() -> Path:
+    return Path(os.environ.get("GPUCLAIM_JOBS_DIR") or Path.home() / ".gpuclaim" / "jobs")
+
+
+def agent_entry() -> list[str]:
+    """How to start this same code again: the unpacked agent dir, or the installed package."""
+    package_dir = Path(__file__).resolve().parents[1]  # gpuclaim/, above node/
+    bundle_main = package_dir.parent / "__main__.py"
+    if bundle_main.exists() and (package_dir.parent / "gpuclaim").is_dir():
+        return [sys.executable, str(package_dir.parent)]
+    return [sys.executable, "-m", "gpuclaim.node.main"]
+
+
+def start_keeper(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start a keeper for ``spec["node"]`` detached from this session (it outlives the SSH
+    command that started it); if one runs already, the new one exits at once."""
+    node = str(spec["node"])
+    directory = jobs_home() / "keepers"
+    directory.mkdir(parents=True, exist_ok=True)
+    # one per node and store: two clusters may name a node alike on one machine
+    name = f"{node}-{hashlib.sha1(str(spec['store_root']).encode()).hexdigest()[:10]}"
+    spec_path = directory / f"{name}.json"
+    tmp = directory / f".{name}.{os.getpid()}.json"
+    # The spec carries the config, and with it the Slack webhook (a secret): owner only.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(spec))
+    tmp.replace(spec_path)
+    log = open(directory / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [*agent_entry(), "keep-queue", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # not killed with the SSH session that started it
+            cwd=str(Path.home()),
+        )
+    finally:
+        log.close()
+    return {"pid": proc.pid}

@@ -1,0 +1,62 @@
+"""The job wrappers running on this node now, listed with every probe (see
+``gpuclaim.core.liveness`` for how a look judges a job gone from that list)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from gpuclaim.core.liveness import process_start, this_process
+
+
+def node_liveness() -> Optional[dict[str, Any]]:
+    """This node's boot id and its running wrappers as [pid, start] pairs; ``checked_from`` is
+    the start of the process that looked, so that a wrapper started after the look is never
+    taken for a missing one. None where other users' processes are hidden from us (/proc
+    mounted with hidepid): then heartbeats alone decide."""
+    me = this_process()
+    if me["boot_id"] is None or me["start"] is None or _processes_hidden():
+        return None
+    wrappers = []
+    try:
+        names = os.listdir("/proc")  # noqa: PTH208 - names only, and many of them
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if _is_wrapper(pid):
+            start = process_start(pid)
+            if start is not None:
+                wrappers.append([pid, start])
+    return {"boot_id": me["boot_id"], "checked_from": me["start"], "wrappers": wrappers}
+
+
+def _is_wrapper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    # `<python> <agent dir> wrap <job dir>/spec.json` or `<python> -m gpuclaim.node.main wrap ...`
+    for i, arg in enumerate(argv[:-1]):
+        if arg == b"wrap" and argv[i + 1].endswith(b"/spec.json"):
+            return any(b"gpuclaim" in a for a in argv[:i])
+    return False
+
+
+def _processes_hidden() -> bool:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split(" - ")
+                if len(parts) == 2 and parts[1].startswith("proc ") and " /proc " in parts[0]:
+                    options = parts[1].split()[-1]
+                    return any(
+                        opt.startswith("hidepid=") and opt not in ("hidepid=0", "hidepid=off")
+                        for opt in options.split(",")
+                    )
+    except OSError:
+        return True
+    return False

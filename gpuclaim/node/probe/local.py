@@ -1,0 +1,137 @@
+"""Probe the GPUs of the machine this code runs on: NVML first, else ``nvidia-smi``.
+
+This is node-side code (the agent runs it on each node), so it needs only the standard
+library and Python 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Optional
+
+from gpuclaim.core.errors import ProbeError
+from gpuclaim.core.model import NodeInventory
+from gpuclaim.node.probe.owners import process_user
+from gpuclaim.node.probe.smi_parse import (
+    APP_QUERY_FIELDS,
+    GPU_QUERY_FIELDS,
+    attach_processes,
+    looks_like_no_driver,
+    parse_compute_apps,
+    parse_driver_version,
+    parse_query_gpu,
+)
+
+NO_DRIVER = "no NVIDIA driver: NVML does not load and nvidia-smi is not installed"
+
+
+def probe_local(
+    node: str,
+    nvidia_smi: Sequence[str] = (),
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+    liveness: bool = False,
+) -> NodeInventory:
+    """This machine's GPUs as ``node``; never raises: failures become ``NodeInventory.error``.
+    With ``liveness``, also which job wrappers run here (a look's way to see lost jobs)."""
+    inv = _probe_gpus(node, nvidia_smi, env, timeout)
+    if liveness:
+        from gpuclaim.node.liveness import node_liveness
+
+        inv = replace(inv, liveness=node_liveness())
+    return inv
+
+
+def _probe_gpus(
+    node: str,
+    nvidia_smi: Sequence[str],
+    env: Optional[Mapping[str, str]],
+    timeout: float,
+) -> NodeInventory:
+    if not nvidia_smi:
+        try:
+            from gpuclaim.node.probe.nvml import probe_nvml
+
+            return probe_nvml(node)
+        except ProbeError as exc:
+            nvml_error = str(exc)
+        smi_path = shutil.which("nvidia-smi")
+        if smi_path is None:
+            return NodeInventory(node=node, source="none", error=f"{NO_DRIVER} ({nvml_error})")
+        nvidia_smi = (smi_path,)
+    try:
+        return probe_nvidia_smi(node, nvidia_smi, env, timeout)
+    except ProbeError as exc:
+        return NodeInventory(node=node, source="nvidia-smi", error=str(exc))
+
+
+def probe_nvidia_smi(
+    node: str,
+    smi: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+) -> NodeInventory:
+    """Two queries (GPUs, compute apps) with a timeout each: nvidia-smi can hang."""
+    queries = (
+        [f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
+        [f"--query-compute-apps={','.join(APP_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
+    )
+    # Both at once: each nvidia-smi call pays the driver's start-up on its own.
+    procs = [_start_smi(smi, q, env) for q in queries]
+    try:
+        gpu_text = _finish_smi(procs[0], timeout)
+        app_text = _finish_smi(procs[1], timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    try:
+        gpus = parse_query_gpu(gpu_text, node, GPU_QUERY_FIELDS)
+        procs = parse_compute_apps(app_text, APP_QUERY_FIELDS)
+    except ValueError as exc:
+        raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
+    driver = parse_driver_version(gpu_text, GPU_QUERY_FIELDS)
+    procs = [replace(p, user=process_user(p.pid)) for p in procs]
+    gpus = attach_processes(gpus, procs)
+    return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
+
+
+def _start_smi(
+    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]]
+) -> subprocess.Popen[str]:
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        return subprocess.Popen(
+            [*smi, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=full_env,
+        )
+    except OSError as exc:
+        raise ProbeError(f"cannot run {smi[0]}: {exc.strerror}") from exc
+
+
+def _finish_smi(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc is not None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
+    if proc.returncode != 0:
+        message = (stdout + stderr).strip().splitlines()
+        first = message[0] if message else f"exit status {proc.returncode}"
+        if looks_like_no_driver(stdout + stderr):
+            raise ProbeError(f"nvidia-smi cannot reach the NVIDIA driver: {first}")
+        raise ProbeError(f"nvidia-smi failed: {first}")
+    return stdout

@@ -1,0 +1,166 @@
+"""Probe this machine's GPUs through NVML (the ``nvidia-ml-py`` distribution, module ``pynvml``).
+
+``pynvml`` is imported inside :func:`probe_nvml` so that importing this module never
+needs it.  Any failure to load the library or to initialise NVML (no driver, no GPU)
+is a :class:`~gpuclaim.core.errors.ProbeError`; per-device queries a part does not support
+(memory on GB10, utilization under MIG, MIG mode on pre-Ampere) give ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar
+
+from gpuclaim.core.errors import ProbeError
+from gpuclaim.core.model import Gpu, GpuProcess, NodeInventory
+from gpuclaim.node.probe.owners import process_user
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+
+
+def probe_nvml(node: str) -> NodeInventory:
+    """All GPUs of this machine, with their compute and graphics processes."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise ProbeError(f"NVML bindings not installed: {exc}") from exc
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission...
+        raise ProbeError(f"NVML cannot start: {_message(exc)}") from exc
+    try:
+        driver = _optional(pynvml, lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            gpus = tuple(_device(pynvml, node, i) for i in range(count))
+        except pynvml.NVMLError as exc:
+            raise ProbeError(f"NVML query failed: {_message(exc)}") from exc
+        return NodeInventory(node=node, gpus=gpus, source="nvml", driver_version=driver)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _device(nv: Any, node: str, index: int) -> Gpu:
+    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    uuid = _text(nv.nvmlDeviceGetUUID(handle))
+    memory = _memory(nv, handle)
+    util = _optional(nv, lambda: nv.nvmlDeviceGetUtilizationRates(handle))
+    mig = _optional(nv, lambda: nv.nvmlDeviceGetMigMode(handle))
+    mig_mode = None if mig is None else mig[0] == nv.NVML_DEVICE_MIG_ENABLE
+    pci = _optional(nv, lambda: nv.nvmlDeviceGetPciInfo(handle))
+    children = _mig_children(nv, handle) if mig_mode else []
+    return Gpu(
+        node=node,
+        index=index,
+        uuid=uuid,
+        name=_text(nv.nvmlDeviceGetName(handle)),
+        memory_total_mib=None if memory is None else int(memory.total) // MIB,
+        memory_used_mib=None if memory is None else int(memory.used) // MIB,
+        utilization_pct=None if util is None else int(util.gpu),
+        pci_bus_id=None if pci is None else _text(pci.busId),
+        mig_mode=mig_mode,
+        mig_devices=tuple(child_uuid for _, child_uuid in children),
+        processes=_processes(nv, [handle, *(h for h, _ in children)], uuid),
+    )
+
+
+def _memory(nv: Any, handle: Any) -> Any:
+    """Memory info v2 where the library has it: its ``used`` leaves out the driver's
+    reserved memory, as nvidia-smi does; v1 counts it, so an idle GPU looks used."""
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except (nv.NVMLError, TypeError):
+            pass
+    return _optional(nv, lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+
+
+def _processes(nv: Any, handles: list[Any], uuid: str) -> tuple[GpuProcess, ...]:
+    """Compute and graphics processes, merged per pid into kinds C, G or C+G.
+
+    ``handles`` is the GPU and its MIG instances: without privileges NVML lists MIG
+    processes only on the instance handles.  All are reported with the GPU's UUID,
+    as nvidia-smi does.
+    """
+    kinds: dict[int, str] = {}
+    memory: dict[int, Optional[int]] = {}
+    queries = (
+        ("C", nv.nvmlDeviceGetComputeRunningProcesses),
+        ("G", nv.nvmlDeviceGetGraphicsRunningProcesses),
+    )
+    for handle, (kind, query) in ((h, q) for h in handles for q in queries):
+        for info in _optional(nv, lambda q=query, h=handle: q(h)) or ():
+            pid = int(info.pid)
+            kinds[pid] = "C+G" if kinds.get(pid, kind) != kind else kind
+            used = _used_mib(getattr(info, "usedGpuMemory", None))
+            if used is not None or pid not in memory:
+                memory[pid] = used
+    return tuple(
+        GpuProcess(
+            pid=pid,
+            name=_process_name(nv, pid),
+            used_memory_mib=memory[pid],
+            user=process_user(pid),
+            gpu_uuid=uuid,
+            kind=kind,
+        )
+        for pid, kind in kinds.items()
+    )
+
+
+def _used_mib(used: Optional[int]) -> Optional[int]:
+    """Bytes -> MiB; None (WDDM) and NVML's all-ones "not available" value stay None."""
+    if used is None or int(used) == NOT_AVAILABLE:
+        return None
+    return int(used) // MIB
+
+
+def _mig_children(nv: Any, handle: Any) -> list[tuple[Any, str]]:
+    """(handle, MIG UUID) of each MIG instance; empty slots raise NotFound and are skipped."""
+    slots = _optional(nv, lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
+    children = []
+    for slot in range(slots):
+        child = _optional(nv, lambda s=slot: nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, s))
+        if child is not None:
+            uuid = _optional(nv, lambda c=child: _text(nv.nvmlDeviceGetUUID(c)))
+            if uuid:
+                children.append((child, uuid))
+    return children
+
+
+def _process_name(nv: Any, pid: int) -> str:
+    """/proc/<pid>/comm, then the first word of cmdline, then NVML's own answer."""
+    for name in ("comm", "cmdline"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        text = raw.split(b"\0")[0].decode("utf-8", "replace").strip()
+        if text:
+            return text
+    return _optional(nv, lambda: _text(nv.nvmlSystemGetProcessName(pid))) or ""
+
+
+def _optional(nv: Any, call: Callable[[], T]) -> Optional[T]:
+    """``call()``, or None when NVML says the query is unsupported or has no answer."""
+    try:
+        return call()
+    except nv.NVMLError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return type(exc).__name__

@@ -1,0 +1,94 @@
+"""The queue's keeper: starts queued jobs on a node as soon as its GPUs free up, whatever
+freed them, with no gpuclaim call and no daemon that runs all the time.
+
+A job's end, ``kill``, ``release`` and ``gc`` already start queued jobs (the wrapper or the
+command that freed the GPUs dispatches). A claim that simply expires has nobody to notice, so
+while a job waits, one keeper per node (a small process started over SSH when the job is
+queued, detached from the session) reads the store every couple of seconds: when the claims
+on its node change (one expired, one was released by a crash or by hand), it dispatches there.
+It exits as soon as no queued job could use its node. One per node and store: a lock in the
+store, refreshed while it lives, so a keeper that dies is replaced by the next one started.
+
+Node-side code: standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuclaim.core.errors import GpuclaimError
+
+POLL_S = 2.0  # how often the store is read: the delay after an expiry is at most this much more
+RETRY_S = 60.0  # a dispatch at least this often (GPUs freed outside gpuclaim's view)
+MAX_FAILURES = 5  # consecutive store errors (the store is gone): stop
+
+
+def run_keeper(spec_path: str) -> int:
+    from gpuclaim.core.config import parse_config
+    from gpuclaim.store import ClaimStore
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    node = str(spec["node"])
+    config = parse_config(spec["config"])
+    store = ClaimStore(Path(spec["store_root"]))
+    lock_name = f"queue-keeper-{node}"
+    try:
+        lock = store.try_lock(lock_name)
+    except GpuclaimError:
+        return 1
+    if lock is None:
+        return 0  # a keeper for this node runs already
+    with lock:
+        return _keep(config, store, node, lock_name)
+
+
+def _keep(config: Any, store: Any, node: str, lock_name: str) -> int:
+    from gpuclaim.engine.jobs import dispatch_queue
+    from gpuclaim.node.channel import local_prober
+
+    prober = local_prober(config, node)
+    seen: Optional[tuple[Any, ...]] = None
+    last_dispatch = 0.0
+    failures = 0
+    while store.root.is_dir():  # a store that was removed has no queue left to keep
+        try:
+            store.refresh_lock(lock_name)
+            if not _waiting_for(store, node):
+                return 0
+            now_seen = _what_matters(store, node)
+            if now_seen != seen or time.monotonic() - last_dispatch > RETRY_S:
+                dispatch_queue(config, store, prober, only_node=node)
+                last_dispatch = time.monotonic()
+                now_seen = _what_matters(store, node)
+            seen = now_seen
+            failures = 0
+        except GpuclaimError as exc:
+            failures += 1
+            print(f"gpuclaim queue keeper on {node}: {exc}", flush=True)
+            if failures >= MAX_FAILURES:
+                return 1
+        time.sleep(POLL_S)
+    return 0
+
+
+def _waiting_for(store: Any, node: str) -> bool:
+    """Is any queued job one that this node could start on its own?"""
+    for entry in store.queue_entries():
+        data = store.load_job_dict(job_id=entry.split("-", 1)[1])
+        if not data or data.get("state") != "queued":
+            continue
+        if data.get("node") in (None, node) and int(data.get("nodes_wanted") or 1) == 1:
+            return True
+    return False
+
+
+def _what_matters(store: Any, node: str) -> tuple[Any, ...]:
+    """What would change this node's answer to the queue: its claims and how they are judged
+    (an expired one turns stale), and the queue itself."""
+    snap = store.snapshot()
+    claims = sorted((s.claim.id, s.state) for s in snap.claims.values() if s.claim.node == node)
+    damaged = sorted(f.uuid for f in snap.corrupt())
+    return (tuple(claims), tuple(damaged), tuple(store.queue_entries()))

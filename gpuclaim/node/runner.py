@@ -1,0 +1,97 @@
+"""Node side of jobs, as agent ops: start a rank's tmux session (the wrapper inside takes it
+from there, see ``wrapper``), stop one, read a job's log, and facts about this node.
+Standard library only, Python 3.9."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuclaim.core.errors import GpuclaimError, NameInUseError
+from gpuclaim.node.home import agent_entry, jobs_home
+from gpuclaim.node.processes import signal_tree
+from gpuclaim.node.tmux import has_session, kill_session, new_session, pane_pids, tmux_binary
+
+
+def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start the tmux session of one rank; the wrapper inside takes it from there."""
+    job = spec["job"]
+    rank = int(spec["rank"])
+    session = str(spec["session"])
+    tmux_binary()  # no tmux: say so before writing anything
+    if has_session(session):
+        raise NameInUseError(f"a tmux session {session} is already running on this node")
+    job_dir = jobs_home() / str(job["id"]) / f"rank{rank}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = job_dir / "spec.json"
+    log_path = job_dir / "output.log"
+    spec = dict(spec, log=str(log_path))
+    # The spec carries the config, and with it the Slack webhook (a secret): owner only.
+    fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(spec))
+    log_path.touch()
+    command = "exec " + " ".join(shlex.quote(a) for a in [*agent_entry(), "wrap", str(spec_path)])
+    new_session(session, command, Path.home())
+    return {"session": session, "log": str(log_path), "host": socket.gethostname()}
+
+
+def stop_session(session: str) -> bool:
+    """Kill a tmux session and every process in its panes (kill-session alone only sends
+    SIGHUP, which a job may ignore)."""
+    pids = pane_pids(session)
+    if pids is None:
+        return False
+    for pid in pids:
+        signal_tree(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    kill_session(session)
+    for pid in pids:
+        signal_tree(pid, signal.SIGKILL)
+    return True
+
+
+def read_log(path: str, offset: int = 0, tail_lines: int = 0, limit: int = 1 << 20) -> dict:
+    """A slice of a log: from ``offset``, or its last ``tail_lines`` lines."""
+    p = Path(path)
+    # Only our own job logs: this op must not become a way to read any file on the node.
+    if not p.resolve().is_relative_to(jobs_home().resolve()) or not p.is_file():
+        raise GpuclaimError(f"no job log at {path}")
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        if tail_lines:
+            start = max(0, size - limit)
+            fh.seek(start)
+            data = fh.read()
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-tail_lines:])
+        else:
+            fh.seek(min(offset, size))
+            data = fh.read(limit)
+    return {
+        "data": data.decode("utf-8", "replace"),
+        "offset": size if tail_lines else min(offset, size) + len(data),
+        "size": size,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_facts() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "port": free_port(),
+        "jupyter": shutil.which("jupyter"),
+        "shell": os.environ.get("SHELL") or "/bin/bash",
+    }

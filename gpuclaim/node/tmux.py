@@ -1,0 +1,68 @@
+"""The one seam to tmux: every tmux command gpuclaim runs on a node is built here.
+
+Sessions are always named with ``=NAME``, which matches exactly; a bare name would match any
+session it is a prefix of."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from gpuclaim.core.errors import GpuclaimError
+
+
+def tmux_binary() -> str:
+    path = shutil.which("tmux")
+    if path is None:
+        raise GpuclaimError("tmux is not installed on this node (apt-get install tmux)")
+    return path
+
+
+def has_session(session: str) -> bool:
+    # '=name' matches exactly; a bare name would match any session it is a prefix of.
+    proc = subprocess.run(
+        [tmux_binary(), "has-session", "-t", f"={session}"], capture_output=True, timeout=10
+    )
+    return proc.returncode == 0
+
+
+def new_session(session: str, command: str, cwd: Path) -> None:
+    """A detached session running ``command`` (a shell line) in a 200×50 window."""
+    proc = subprocess.run(
+        [tmux_binary(), "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=str(cwd),
+    )
+    if proc.returncode != 0:
+        raise GpuclaimError(f"tmux could not start {session}: {proc.stderr.strip()}")
+
+
+def pane_pids(session: str) -> Optional[list[int]]:
+    """The processes of the session's panes; None when there is no such session (or no tmux)."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        return None
+    panes = subprocess.run(
+        [tmux, "list-panes", "-s", "-t", f"={session}", "-F", "#{pane_pid}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if panes.returncode != 0:
+        return None
+    return [int(p) for p in panes.stdout.split() if p.isdigit()]
+
+
+def kill_session(session: str) -> None:
+    tmux = shutil.which("tmux")
+    if tmux is not None:
+        subprocess.run([tmux, "kill-session", "-t", f"={session}"], capture_output=True, timeout=10)
+
+
+def attach_argv(session: str) -> list[str]:
+    """What attaches a terminal to the session (run on the node, through ``ssh -t`` or not)."""
+    return ["tmux", "attach-session", "-t", f"={session}"]

@@ -1,0 +1,44 @@
+"""The ``Channels`` the CLI and the board use: the one place that asks "local or over SSH?".
+
+A node on this machine is answered in this process; any other through the agent over SSH,
+with one pool of connections per process (opened on first use)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.node.channel import LocalChannel
+from gpuclaim.remote.agent_client import AgentClient
+
+
+class SshChannel:
+    def __init__(self, agent: AgentClient, host: str) -> None:
+        self.agent = agent
+        self.host = host
+
+    def call(self, op: str, args: Mapping[str, Any], timeout: float) -> Any:
+        return self.agent.call(self.host, {"op": op, **args}, timeout)
+
+
+class NodeChannels:
+    def __init__(self, config: Config, agent: Optional[AgentClient] = None) -> None:
+        self.config = config
+        self._agent = agent
+
+    @property
+    def agent(self) -> AgentClient:
+        if self._agent is None:
+            from gpuclaim.remote.session import open_agent
+
+            self._agent = open_agent(self.config)
+        return self._agent
+
+    def to_node(self, node: NodeConfig) -> LocalChannel | SshChannel:
+        if node.transport == "local":
+            return LocalChannel()
+        return SshChannel(self.agent, node.host)
+
+    def to_host(self, host: str) -> SshChannel:
+        return SshChannel(self.agent, host)

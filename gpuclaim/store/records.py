@@ -1,0 +1,99 @@
+"""Job records and their wrappers' heartbeats."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+from gpuclaim.core.errors import ConflictError, StoreError
+from gpuclaim.store.base import StoreBase
+from gpuclaim.store.files import (
+    _beater,
+    _discard,
+    _encode,
+    _link_exclusive,
+    _safe,
+    _unlink_quiet,
+    storage_error,
+)
+
+
+class JobRecordsPart(StoreBase):
+    def create_job(self, job: dict[str, Any]) -> None:
+        """Publish a new job record; its id must be new."""
+        tmp = self._stage(_encode(job))
+        try:
+            if not _link_exclusive(tmp, self._p("jobs", f"{job['id']}.json")):
+                raise ConflictError(f"job {job['id']} exists already")
+        finally:
+            _discard(tmp)
+
+    def load_job_dict(self, job_id: str) -> Optional[dict[str, Any]]:
+        path = self._p("jobs", f"{_safe(job_id)}.json")
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise StoreError(f"job record {path} is damaged: {exc}") from exc
+        return data if isinstance(data, dict) else None
+
+    def list_job_dicts(self) -> list[dict[str, Any]]:
+        """Every readable job record (a damaged one is skipped, not fatal)."""
+        result: list[dict[str, Any]] = []
+        try:
+            names = os.listdir(self._p("jobs"))
+        except FileNotFoundError:
+            return result
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                data = json.loads(self._p("jobs", name).read_bytes().decode("utf-8"))
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(data, dict):
+                result.append(data)
+        return result
+
+    def update_job(
+        self,
+        job_id: str,
+        changes: dict[str, Any],
+        only_from: Optional[list[str]] = None,
+        rank: Optional[int] = None,
+        rank_changes: Optional[dict[str, Any]] = None,
+    ) -> dict[str, Any]:
+        """Apply ``changes`` (top-level keys of the job's JSON) and ``rank_changes`` (keys of
+        one rank) under the job's lock, only if its state is in ``only_from``.
+        Returns {"job": the record after, "applied": bool}."""
+        lock_name = f"job-{_safe(job_id)}"
+        with self.gpu_lock(lock_name):
+            current = self.load_job_dict(job_id)
+            if current is None:
+                raise StoreError(f"no job record {job_id}")
+            if only_from is not None and current.get("state") not in only_from:
+                return {"job": current, "applied": False}
+            updated = dict(current, **changes)
+            if rank is not None and rank_changes:
+                updated["ranks"] = [
+                    dict(r, **rank_changes) if r.get("rank") == rank else r
+                    for r in updated.get("ranks") or []
+                ]
+            tmp = self._stage(_encode(updated))
+            try:
+                os.rename(tmp, self._p("jobs", f"{_safe(job_id)}.json"))
+            except OSError as exc:
+                _discard(tmp)
+                raise storage_error(self.root, exc) from exc
+            return {"job": updated, "applied": True}
+
+    def beat(self, claim_id: str, interval: float) -> None:
+        """A job wrapper's sign of life for its claim (the file's mtime is the storage clock)."""
+        path = self._p("beats", _safe(claim_id))
+        body = {"interval": interval, "host": self.host, **_beater()}
+        self._publish(self._stage(_encode(body), sync=False), path)
+
+    def drop_beat(self, claim_id: str) -> None:
+        _unlink_quiet(self._p("beats", _safe(claim_id)))
