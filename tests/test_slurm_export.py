@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuclaim.app.slurm_export import (
+from gpuclaim.app.slurm import (
     DB_PASSWORD_PLACEHOLDER,
     HISTORY,
     ExportOptions,
     GpuSlot,
     NodeSpec,
-    _hostlist,
     autodetect_type,
     check_nodes,
+    hostlist,
     job_gpu_type,
     jobs_since,
     partition_for,
@@ -435,10 +435,10 @@ def test_ssh_address_is_the_hostname_ssh_config_gives_the_alias(tmp_path, monkey
 
 def test_hostlist():
     assert (
-        _hostlist(["node01", "node02", "node03", "node05", "gpu", "a1"]) == "a1,gpu,node[01-03,05]"
+        hostlist(["node01", "node02", "node03", "node05", "gpu", "a1"]) == "a1,gpu,node[01-03,05]"
     )
-    assert _hostlist(["n9", "n10"]) == "n10,n9"  # different widths are different groups
-    assert _hostlist(["x"]) == "x"
+    assert hostlist(["n9", "n10"]) == "n10,n9"  # different widths are different groups
+    assert hostlist(["x"]) == "x"
 
 
 def test_nothing_answered_is_an_error():

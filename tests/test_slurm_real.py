@@ -31,7 +31,7 @@ from slurm_testbed import (
 )
 from testbed_fixtures import wrap_sshd
 
-from gpuclaim.app.slurm_export import (
+from gpuclaim.app.slurm import (
     ExportOptions,
     GpuSlot,
     NodeSpec,

@@ -134,7 +134,7 @@ def doctor(
 
 def _slurm_advice(st: Any, report: Any) -> Optional[str]:
     """Whether the team has outgrown gpuclaim: GPUs seen, users of the last 30 days, waits."""
-    from gpuclaim.app.slurm_export import queue_waits, slurm_advice
+    from gpuclaim.app.slurm import queue_waits, slurm_advice
     from gpuclaim.engine.job_records import load_jobs
 
     now = st.store.now()

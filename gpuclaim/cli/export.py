@@ -40,7 +40,7 @@ def slurm(
     ),
 ) -> None:
     """slurm.conf, gres.conf, cgroup.conf and MIGRATION.md for this cluster's nodes."""
-    from gpuclaim.app import slurm_export as se
+    from gpuclaim.app import slurm as se
 
     st = state(ctx)
     nodes, skipped = se.gather_inventory(st.config, st.prober)
@@ -91,7 +91,7 @@ def sbatch(
     ),
 ) -> None:
     """An sbatch script per job: its command, environment, directory, GPUs and time limit."""
-    from gpuclaim.app.slurm_export import jobs_since
+    from gpuclaim.app.slurm import jobs_since
     from gpuclaim.engine.job_records import find_job, load_jobs
 
     st = state(ctx)
@@ -125,7 +125,7 @@ def _scripts(
     st: Any, jobs: list[Any], all_users: bool
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """{file name: script}, and (job, why) for the jobs that have no batch form."""
-    from gpuclaim.app import slurm_export as se
+    from gpuclaim.app import slurm as se
     from gpuclaim.core.errors import GpuclaimError
 
     nodes, _ = se.gather_inventory(st.config, st.prober)

@@ -67,7 +67,7 @@ def status(
 
 def _advise_slurm_once(view: Any, store: Any, console: Any) -> None:
     """Say once (ever, for the whole team) when SLURM would now pay for itself."""
-    from gpuclaim.app.slurm_export import slurm_advice
+    from gpuclaim.app.slurm import slurm_advice
 
     gpus = sum(1 for r in view.rows if r.gpu is not None)
     users = len({r.claim.user for r in view.rows if r.claim is not None})
