@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     import typer
 
-COMPLETE_VAR = "_GPUCLAIM_COMPLETE"  # set by the completion scripts (completion.py)
+COMPLETE_VAR = "_GPUCLAIM_COMPLETE"  # set by the completion scripts (completion_scripts.py)
 
 
 @functools.cache
@@ -99,7 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; every error ends here as one line on stderr and a documented exit code."""
     instruction = os.environ.get(COMPLETE_VAR)
     if instruction:
-        from gpuclaim.cli.completion import answer
+        from gpuclaim.cli.completion_answer import answer
 
         return answer(instruction)
     from gpuclaim.core.errors import ExitCode, GpuclaimError  # after the fast path: it needs none
@@ -204,7 +204,7 @@ def _command_path(exc: Exception, args: list[str]) -> str:
     if ctx is not None and ctx.parent is not None:
         return str(ctx.command_path).split(" ", 1)[-1] + " "
     if ctx is None:  # raised by the option parser, before the command had a context
-        from gpuclaim.cli.completion import resolve
+        from gpuclaim.cli.completion_answer import resolve
 
         path = resolve(args).path
         return "".join(f"{p} " for p in path)
