@@ -58,7 +58,9 @@ def stop_session(session: str) -> bool:
     return True
 
 
-def read_log(path: str, offset: int = 0, tail_lines: int = 0, limit: int = 1 << 20) -> dict:
+def read_log(
+    path: str, offset: int = 0, tail_lines: int = 0, limit: int = 1 << 20
+) -> dict[str, Any]:
     """A slice of a log: from ``offset``, or its last ``tail_lines`` lines."""
     p = Path(path)
     # Only our own job logs: this op must not become a way to read any file on the node.

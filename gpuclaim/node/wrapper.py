@@ -6,6 +6,8 @@ heartbeat, records the exit status, releases the claim, and starts queued jobs t
 this node. The laptop may be closed the whole time. Standard library only, Python 3.9.
 """
 
+from __future__ import annotations
+
 import errno
 import json
 import os
@@ -14,37 +16,20 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.node.rank_record import RankRecord
 from gpuclaim.node.runner import free_port
 
 POLL_S = 0.5
 
 
-class Wrapper:
-    """Runs one rank of a job from its spec file to the recorded end."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        from gpuclaim.core.model import Job
-        from gpuclaim.store import ClaimStore
-
-        self.spec = spec
-        self.job = Job.from_dict(spec["job"])
-        self.rank = int(spec["rank"])
-        self.me = self.job.ranks[self.rank]
-        self.store = ClaimStore(Path(spec["store_root"]))
-        self.beat_s = float(spec.get("beat_s", 5.0))
-        self.grace_s = float(spec.get("grace_s", 30.0))
-        self.sample_s = float(spec.get("sample_s", 60.0))
-        self.log_path = Path(spec["log"])
-        self.stop_reason: Optional[str] = None
-        self.child: Optional[subprocess.Popen[bytes]] = None
-        self.interactive = self.job.kind == "shell"
-        self._notifier: Optional[threading.Thread] = None
+class Wrapper(RankRecord):
+    """Runs one rank of a job from its spec file to the recorded end: the process, its
+    environment, its output and its time limit (what it records: ``RankRecord``)."""
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, self._on_hangup)
@@ -238,126 +223,6 @@ class Wrapper:
                 os.killpg(self.child.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-    def _beat(self) -> None:
-        if self.me.claim_id:
-            try:
-                self.store.beat(claim_id=self.me.claim_id, interval=self.beat_s)
-            except GpuclaimError:
-                pass  # storage hiccup: the next beat tries again
-
-    def _sample_usage(self) -> None:
-        """How busy our GPUs are, for the idle summary, even when nobody looks."""
-        from gpuclaim.node.probe.local import probe_local
-
-        if not self.me.claim_id:
-            return
-        inventory = probe_local(
-            self.me.node,
-            tuple(self.spec.get("nvidia_smi") or ()),
-            dict(self.spec.get("node_env") or {}),
-            float(self.spec.get("probe_timeout", 10.0)),
-        )
-        util = {g.uuid: g.utilization_pct for g in inventory.gpus}
-        if inventory.error or not all(u in util for u in self.me.gpu_uuids):
-            return
-        sample = {
-            "since": float(self.spec.get("claim_since", 0.0)) or self.job.submitted,
-            "utils": [util[u] for u in self.me.gpu_uuids],
-        }
-        try:
-            self.store.record_usage(
-                samples={self.me.claim_id: sample},
-                threshold_pct=float(self.spec.get("idle_threshold_pct", 5.0)),
-            )
-        except GpuclaimError:
-            pass
-
-    def _check_stop_request(self) -> None:
-        try:
-            current = self.store.load_job_dict(self.job.id)
-        except GpuclaimError:
-            return
-        if current and current.get("stop_requested") and self.stop_reason is None:
-            self.stop_reason = "killed"
-            self.job = self.job.with_(stop_requested=current["stop_requested"])
-
-    def _record_start(self, started: float) -> None:
-        from gpuclaim.core.model import iso
-
-        self.store.update_job(
-            job_id=self.job.id,
-            changes={},
-            rank=self.rank,
-            rank_changes={"state": "running", "started": iso(started)},
-        )
-        result = self.store.update_job(
-            job_id=self.job.id,
-            changes={"state": "running", "started": iso(started)},
-            only_from=["starting"],
-        )
-        if result["applied"]:
-            from gpuclaim.core.events import job_event
-            from gpuclaim.core.model import Job
-
-            self.store.append_event(job_event("job-start", Job.from_dict(result["job"]), started))
-            # Tell Slack from here, beside the running job, without holding up its output.
-            self._notifier = threading.Thread(target=self._notify, daemon=True)
-            self._notifier.start()
-
-    def _notify(self, budget_s: float = 5.0) -> None:
-        raw = self.spec.get("config")
-        if not raw or not (raw.get("slack") or {}).get("webhook_url"):
-            return
-        try:
-            from gpuclaim.core.config import parse_config
-            from gpuclaim.engine.notify import deliver
-
-            deliver(parse_config(raw), self.store, budget_s=budget_s)
-        except GpuclaimError:
-            pass  # the next deliverer (any gpuclaim call, this job's end) tries again
-
-    def _finish(self, state: str, exit_code: Optional[int], reason: str) -> int:
-        from gpuclaim.engine.job_records import finish_rank
-
-        finish_rank(self.store, self.job, self.rank, state, exit_code, reason, self._log_tail())
-        self._after_end()
-        return 0
-
-    def _log_tail(self, lines: int = 12) -> str:
-        try:
-            data = self.log_path.read_bytes()[-8192:]
-        except OSError:
-            return ""
-        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
-    def _after_end(self) -> None:
-        """Our GPUs are free: start queued jobs that fit on this node (no daemon needed), then
-        tell Slack, from here, since the laptop may be closed."""
-        raw = self.spec.get("config")
-        if raw is None:
-            return
-        try:
-            from gpuclaim.core.config import parse_config
-            from gpuclaim.engine.jobs import dispatch_queue
-            from gpuclaim.engine.notify import deliver
-            from gpuclaim.node.channel import local_prober
-
-            config = parse_config(raw)
-            node = self.me.node
-            dispatch_queue(config, self.store, local_prober(config, node), only_node=node)
-            if self.store.queue_entries():  # still waiting: someone must notice expiries here
-                from gpuclaim.node.home import start_keeper
-
-                root = self.spec["store_root"]
-                start_keeper({"node": self.me.node, "store_root": root, "config": raw})
-            if self._notifier is not None:
-                self._notifier.join(timeout=10)
-            if config.slack.webhook_url:
-                deliver(config, self.store, budget_s=10.0)
-        except GpuclaimError as exc:
-            with open(self.log_path, "ab") as log:
-                log.write(f"gpuclaim: after the job: {exc}\n".encode())
 
 
 def run_wrapper(spec_path: str) -> int:

@@ -1,8 +1,14 @@
 """The agent as one zip file the CLI sends to a node (``python3 agent.pyz``), versioned by
-content so a node re-receives it only when it changed."""
+content so a node re-receives it only when it changed.
+
+It holds exactly what the node side needs: the modules ``gpuclaim.node.main`` imports,
+directly or not, function-local imports included (found by reading their source), with the
+packages above them. Nothing of the faces, the wiring, SSH or the SLURM export goes along.
+"""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import zipfile
@@ -12,28 +18,62 @@ from pathlib import Path
 from gpuclaim import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
+ENTRY = "gpuclaim.node.main"
 
 
-def _agent_modules() -> tuple[str, ...]:
-    """Everything but the faces (cli, board): the core is standard library only, so the
-    node runs the same code as the laptop (probe, store, jobs, queue dispatch)."""
-    names = []
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        rel = path.relative_to(PACKAGE_DIR).as_posix()
-        if rel.split("/", 1)[0] in ("cli", "board"):
+def module_path(module: str) -> Path | None:
+    """The source file of a gpuclaim module (a package's ``__init__.py``), if there is one."""
+    rel = Path(*module.split(".")[1:])
+    for candidate in (PACKAGE_DIR / rel / "__init__.py", PACKAGE_DIR / f"{rel}.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports_of(module: str, path: Path) -> set[str]:
+    """The gpuclaim modules a file imports anywhere in it (``from x import name`` counts as
+    ``x.name`` when that is a module, else as ``x``)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m.split(".")[0] == "gpuclaim" and module_path(m) is not None}
+
+
+def agent_modules(entry: str = ENTRY) -> tuple[str, ...]:
+    """Paths (relative to the package) of every module the node side can import."""
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        module = todo.pop()
+        if module in seen:
             continue
-        names.append(rel)
-    return tuple(names)
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # its packages
+        path = module_path(module)
+        if path is not None:
+            todo.extend(_imports_of(module, path) - seen)
+    paths = {module_path(m) for m in seen}
+    return tuple(sorted(p.relative_to(PACKAGE_DIR).as_posix() for p in paths if p is not None))
 
 
-_MAIN = b"import sys\nfrom gpuclaim.node.main import main\nsys.exit(main())\n"
+_MAIN = f"import sys\nfrom {ENTRY} import main\nsys.exit(main())\n".encode()
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
 @lru_cache(maxsize=1)
 def agent_bundle() -> tuple[str, bytes]:
     """(version, zip bytes); the version changes whenever any bundled file does."""
-    files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in _agent_modules()}
+    files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in agent_modules()}
     files["__main__.py"] = _MAIN
     digest = hashlib.sha256()
     for name in sorted(files):

@@ -92,12 +92,12 @@ def probe_nvidia_smi(
                 proc.wait()
     try:
         gpus = parse_query_gpu(gpu_text, node, GPU_QUERY_FIELDS)
-        procs = parse_compute_apps(app_text, APP_QUERY_FIELDS)
+        apps = parse_compute_apps(app_text, APP_QUERY_FIELDS)
     except ValueError as exc:
         raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
     driver = parse_driver_version(gpu_text, GPU_QUERY_FIELDS)
-    procs = [replace(p, user=process_user(p.pid)) for p in procs]
-    gpus = attach_processes(gpus, procs)
+    apps = [replace(p, user=process_user(p.pid)) for p in apps]
+    gpus = attach_processes(gpus, apps)
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
 
 

@@ -8,6 +8,7 @@ is a :class:`~gpuclaim.core.errors.ProbeError`; per-device queries a part does n
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.core.errors import ProbeError
@@ -94,7 +95,7 @@ def _processes(nv: Any, handles: list[Any], uuid: str) -> tuple[GpuProcess, ...]
         ("G", nv.nvmlDeviceGetGraphicsRunningProcesses),
     )
     for handle, (kind, query) in ((h, q) for h in handles for q in queries):
-        for info in _optional(nv, lambda q=query, h=handle: q(h)) or ():
+        for info in _optional(nv, functools.partial(query, handle)) or ():
             pid = int(info.pid)
             kinds[pid] = "C+G" if kinds.get(pid, kind) != kind else kind
             used = _used_mib(getattr(info, "usedGpuMemory", None))
@@ -125,9 +126,11 @@ def _mig_children(nv: Any, handle: Any) -> list[tuple[Any, str]]:
     slots = _optional(nv, lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
     children = []
     for slot in range(slots):
-        child = _optional(nv, lambda s=slot: nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, s))
+        child = _optional(
+            nv, functools.partial(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        )
         if child is not None:
-            uuid = _optional(nv, lambda c=child: _text(nv.nvmlDeviceGetUUID(c)))
+            uuid = _optional(nv, functools.partial(_uuid_of, nv, child))
             if uuid:
                 children.append((child, uuid))
     return children
@@ -164,3 +167,7 @@ def _message(exc: BaseException) -> str:
         return str(exc) or type(exc).__name__
     except Exception:
         return type(exc).__name__
+
+
+def _uuid_of(nv: Any, handle: Any) -> str:
+    return _text(nv.nvmlDeviceGetUUID(handle))
