@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.durations import format_duration
@@ -18,9 +18,11 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import Claim, ClaimedGpu, Event
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
-from gpuclaim.store import ClaimStatus, Store, new_claim_id
+from gpuclaim.engine.job_records import finish_rank, load_jobs
+from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
 
@@ -301,12 +303,9 @@ def collect_garbage(
     return report
 
 
-def _finish_lost_jobs(store: Store, snap: Any) -> list[str]:
+def _finish_lost_jobs(store: Store, snap: Snapshot) -> list[str]:
     """Jobs still marked running whose every claim is gone or lost: their node or wrapper went
     away. Record them as lost (their claims were just collected), so none stays 'running'."""
-    from gpuclaim.core.states import ACTIVE_JOB_STATES
-    from gpuclaim.engine.job_records import finish_rank, load_jobs
-
     lost = []
     for job in load_jobs(store):
         if job.state not in ACTIVE_JOB_STATES or job.state == "queued" or not job.ranks:
@@ -450,10 +449,6 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
 def finish_lost_claim(store: Store, claim: Claim) -> None:
     """A job's claim judged lost (its wrapper is gone): record the rank as lost, which also
     releases the claim, so the job does not stay 'running' for ever."""
-    from gpuclaim.core.model import Job
-    from gpuclaim.core.states import FINAL_STATES
-    from gpuclaim.engine.job_records import finish_rank
-
     data = store.load_job_dict(job_id=claim.job) if claim.job else None
     if not data:
         return

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuclaim.core.config import Config, IdlePolicy
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.events import claim_event
-from gpuclaim.core.model import Event
+from gpuclaim.core.model import Claim, Event
 from gpuclaim.core.usage import Idleness, judge
+from gpuclaim.engine.cluster import ClusterView
+from gpuclaim.store import Store
 
 
-def sample_view(view: Any, store: Any, threshold_pct: float) -> dict[str, dict[str, Any]]:
+def sample_view(view: ClusterView, store: Store, threshold_pct: float) -> dict[str, dict[str, Any]]:
     """Fold the utilisation this probe saw into each held claim's summary; returns them."""
     samples: dict[str, dict[str, Any]] = {}
     for row in view.rows:
@@ -32,7 +35,9 @@ def sample_view(view: Any, store: Any, threshold_pct: float) -> dict[str, dict[s
     return store.usage_summaries(ids=sorted(samples)) if samples else {}
 
 
-def apply_policy(config: Any, store: Any, view: Any, summaries: dict[str, dict[str, Any]]) -> list:
+def apply_policy(
+    config: Config, store: Store, view: ClusterView, summaries: dict[str, dict[str, Any]]
+) -> list[Claim]:
     """Tell holders of idle claims (once per idle spell); release them if the admin said so.
     Returns the claims released."""
 
@@ -60,7 +65,7 @@ def apply_policy(config: Any, store: Any, view: Any, summaries: dict[str, dict[s
                     reason=_idle_reason(policy, verdict),
                 )
             )
-    released = []
+    released: list[Claim] = []
     if policy.release_after_s is None:
         return released
     for claim, verdict in by_id.values():
@@ -81,5 +86,5 @@ def apply_policy(config: Any, store: Any, view: Any, summaries: dict[str, dict[s
     return released
 
 
-def _idle_reason(policy: Any, verdict: Idleness) -> str:
+def _idle_reason(policy: IdlePolicy, verdict: Idleness) -> str:
     return f"under {policy.threshold_pct:g}% for {format_duration(verdict.idle_for_s)}"

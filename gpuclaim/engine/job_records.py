@@ -103,7 +103,8 @@ def _release_rank_claim(store: Store, job: Job, rank: JobRank) -> None:
         if removed:
             end = min(snap.now, status.claim.expires)
             store.append_event(claim_event("release", status.claim, end))
-    store.drop_beat(claim_id=rank.claim_id)
+    if rank.claim_id:
+        store.drop_beat(claim_id=rank.claim_id)
 
 
 def queue_positions(store: Store) -> dict[str, int]:

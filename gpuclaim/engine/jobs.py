@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig, parse_storage_url
+from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import (
     ConflictError,
     GpuclaimError,
@@ -70,7 +71,9 @@ class NodeOps:
     def stop_session(self, node: NodeConfig, session: str) -> bool:
         return bool(self._call(node, "stop_session", session=session))
 
-    def read_log(self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0) -> dict:
+    def read_log(
+        self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0
+    ) -> dict[str, Any]:
         return dict(self._call(node, "read_log", path=path, offset=offset, tail_lines=tail))
 
     def facts(self, node: NodeConfig) -> dict[str, Any]:
@@ -118,8 +121,6 @@ def submit_job(
         raise UsageError("--node pins a job to one node; a gang job (--nodes K) picks its nodes")
     time_s = req.time_s if req.time_s is not None else config.limits.default_time_s
     if time_s > config.limits.max_time_s:
-        from gpuclaim.core.durations import format_duration
-
         raise UsageError(
             f"--time {format_duration(time_s)} is longer than this cluster's limit of "
             f"{format_duration(config.limits.max_time_s)}"
@@ -302,7 +303,7 @@ def _node_store_root(config: Config) -> str:
 
 
 def rank_spec(
-    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict
+    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict[str, Any]
 ) -> dict[str, Any]:
     """All a node needs to run one rank on its own, laptop closed."""
     return {

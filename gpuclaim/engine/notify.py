@@ -22,7 +22,8 @@ from typing import Any, Optional
 from gpuclaim.core.config import Config, SlackConfig
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Event
-from gpuclaim.store import ClaimStore
+from gpuclaim.engine.cluster import ClusterView
+from gpuclaim.store import ClaimStore, Store
 
 # Event types that become messages, and their names in ``[slack] events``.
 MESSAGE_EVENTS = {
@@ -199,7 +200,7 @@ def _plain(text: str) -> str:
 EXPIRING_WITHIN_S = 15 * 60
 
 
-def record_notices(view: Any, store: Any) -> list[Event]:
+def record_notices(view: ClusterView, store: Store) -> list[Event]:
     """Log an event, once per episode, for claims about to expire, GPUs busy without a
     claim and unreachable nodes, so that Slack hears of them even if nobody is looking."""
     now = view.snapshot.now

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gpuclaim.core.config import Config
 from gpuclaim.core.errors import StorageRefusesWrites
+from gpuclaim.engine.claims import finish_lost_claim
+from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.idle import apply_policy, sample_view
+from gpuclaim.engine.notify import record_notices
+from gpuclaim.store import Store
 
 
 def follow_up_look(
-    config: Any, store: Any, view: Any
+    config: Config, store: Store, view: ClusterView
 ) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:
     """Record what the look found: jobs found lost, the usage it saw, the idle policy, Slack
     notices. Returns the claims' usage summaries, and why nothing could be recorded when the
     storage refuses writes (the look still shows what it holds; summaries are only read)."""
-    from gpuclaim.engine.claims import finish_lost_claim
-
     try:
         for status in view.snapshot.claims.values():
             if status.reason == "job lost" and status.claim.job:
@@ -23,8 +26,6 @@ def follow_up_look(
         summaries = sample_view(view, store, config.idle.threshold_pct)
         apply_policy(config, store, view, summaries)
         if config.slack.webhook_url:
-            from gpuclaim.engine.notify import record_notices
-
             record_notices(view, store)
     except StorageRefusesWrites as exc:
         held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})

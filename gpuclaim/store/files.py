@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from gpuclaim.core.errors import StorageRefusesWrites, StoreError
+from gpuclaim.core.liveness import this_process
 
 FILE_MODE = 0o664
 DIR_MODE = 0o2775
@@ -91,8 +92,6 @@ def _listdir_stale_safe(path: Path) -> list[str]:
 @functools.cache
 def _beater() -> dict[str, Any]:
     """Who beats: boot id, pid and start time of this process (see gpuclaim.core.liveness)."""
-    from gpuclaim.core.liveness import this_process
-
     return this_process()
 
 

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any, Optional
 
+from gpuclaim.core.usage import fold_sample
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import _encode, _safe
 
@@ -14,8 +15,6 @@ class UsagePart(StoreBase):
     def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None:
         """Fold one utilisation sample per claim ({claim id: {"since": t, "utils": [..]}}) into
         its rolling summary, timed by the storage clock. Bounded: a few numbers per claim."""
-        from gpuclaim.core.usage import fold_sample
-
         now = self.now()
         for claim_id, sample in samples.items():
             path = self._p("usage", f"{_safe(claim_id)}.json")
