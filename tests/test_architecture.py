@@ -1,0 +1,200 @@
+"""The structure holds: no import cycle, small modules and classes, a node side that needs
+only the standard library, a bundle of exactly that, and one store interface served and
+forwarded whole (docs/ARCHITECTURE.md). The layer order itself is import-linter's job
+(pyproject.toml, run by .ci/run)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuclaim.core.model import Claim, ClaimedGpu, Event
+from gpuclaim.node.channel import LocalChannel
+from gpuclaim.remote.bundle import agent_bundle, agent_modules
+from gpuclaim.remote.store_proxy import RemoteStore
+from gpuclaim.store import STORE_METHODS, ClaimStore, Snapshot, Store
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpuclaim"
+NODE_SIDE = ("core", "store", "engine", "node")
+GENERATED_MARK = "do not edit"  # a generated module says so in its docstring
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every gpuclaim module ``name`` imports, anywhere in the file (function-local too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def test_no_import_cycle_counting_function_local_imports() -> None:
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    # A package importing its own submodules (re-exports) is not a cycle of design.
+    graph = {n: {d for d in deps if not d.startswith(n + ".")} for n, deps in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_hand_written_module_over_600_lines_or_class_over_300() -> None:
+    too_big = []
+    for name, path in MODULES.items():
+        text = path.read_text("utf-8")
+        tree = ast.parse(text)
+        if GENERATED_MARK in (ast.get_docstring(tree) or ""):
+            continue
+        if len(text.splitlines()) > 600:
+            too_big.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > 300:
+                    too_big.append(f"{name}.{node.name}: {size} lines")
+    assert not too_big, too_big
+
+
+def test_node_side_imports_under_isolated_python_without_site_packages() -> None:
+    """What nodes run loads with ``python3 -I -S``: no third-party module comes along."""
+    names = sorted(n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in NODE_SIDE)
+    code = (
+        "import sys, importlib\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "before = set(sys.modules)\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(loaded - set(sys.stdlib_module_names) - {'gpuclaim'}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+    assert len(names) > 40  # every module of core, store, engine and node was imported
+
+
+def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
+    modules = agent_modules()
+    top = {m.split("/")[0] for m in modules if "/" in m}
+    assert top <= set(NODE_SIDE), top  # nothing of cli, board, app, remote, entry, sim
+    assert "node/main.py" in modules and "node/wrapper.py" in modules
+    assert "engine/observe.py" not in modules  # a look at the cluster is the laptop's
+    _, blob = agent_bundle()
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        zf.extractall(tmp_path / "agent")
+    request = json.dumps(
+        {
+            "op": "store",
+            "root": str(tmp_path / "s"),
+            "method": "ensure",
+            "args": [],
+            "kwargs": {"create": True},
+        }
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(tmp_path / "agent")],
+        input=request,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(proc.stdout) == {"result": None}, proc.stderr
+    assert (tmp_path / "s" / "VERSION").is_file()
+
+
+def test_the_store_interface_is_implemented_and_forwarded_whole() -> None:
+    for name in STORE_METHODS:
+        declared = inspect.signature(getattr(Store, name))
+        implemented = inspect.signature(getattr(ClaimStore, name))
+        assert list(declared.parameters) == list(implemented.parameters), name
+        assert callable(getattr(RemoteStore, name)), name
+    assert {"snapshot", "acquire", "update_job", "record_usage", "clock"} <= STORE_METHODS
+
+
+class _JsonChannel:
+    """The agent in this process, with the request and answer through JSON as on the wire."""
+
+    def call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        return LocalChannel().call(op, json.loads(json.dumps(args)), timeout)
+
+
+def test_positional_and_typed_calls_cross_the_remote_proxy(tmp_path: Path) -> None:
+    remote = RemoteStore(_JsonChannel(), str(tmp_path / "store"))
+    remote.ensure(True)  # positional
+    now = round(remote.now(), 3)  # claims keep milliseconds
+    claim = Claim(
+        id="c-1",
+        user="ann",
+        host="laptop",
+        pid=1,
+        node="n1",
+        gpus=(ClaimedGpu("GPU-a", 0),),
+        since=now,
+        expires=now + 60,
+    )
+    remote.acquire(claim)
+    snap = remote.snapshot()
+    assert isinstance(snap, Snapshot) and snap.claims["c-1"].claim == claim
+    remote.create_job({"id": "j-1", "state": "queued"})
+    result = remote.update_job("j-1", {"state": "running"}, ["queued"])  # all positional
+    assert result["applied"] and result["job"]["state"] == "running"
+    remote.append_event(Event(ts=now, type="claim", user="ann"))
+    events, bad = remote.read_events()
+    assert bad == 0 and [e.type for e in events] == ["claim"]
+    assert ClaimStore(tmp_path / "store").snapshot().claims["c-1"].claim == claim
+
+
+def test_an_unknown_store_method_is_refused_by_the_agent(tmp_path: Path) -> None:
+    remote = RemoteStore(_JsonChannel(), str(tmp_path / "store"))
+    with pytest.raises(Exception, match="unknown store method '_p'"):
+        remote.call("_p", "x")
