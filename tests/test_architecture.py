@@ -123,8 +123,24 @@ def test_node_side_imports_under_isolated_python_without_site_packages() -> None
     assert len(names) > 40  # every module of core, store, engine and node was imported
 
 
+def _closure(entry: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1))
+        todo.extend(_imports(name, MODULES[name]) - seen)
+    return seen
+
+
 def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
     modules = agent_modules()
+    # The bundle reads imports with a regular expression (fast); ast must agree with it.
+    expected = {MODULES[m].relative_to(PACKAGE).as_posix() for m in _closure("gpuclaim.node.main")}
+    assert set(modules) == expected
     top = {m.split("/")[0] for m in modules if "/" in m}
     assert top <= set(NODE_SIDE), top  # nothing of cli, board, app, remote, entry, sim
     assert "node/main.py" in modules and "node/wrapper.py" in modules

@@ -7,7 +7,7 @@ import shlex
 from typing import Any, Optional, Protocol
 
 from gpuclaim.core.errors import UnreachableError, error_from_wire
-from gpuclaim.remote.bundle import agent_bundle
+from gpuclaim.remote.bundle import agent_bundle, agent_version
 from gpuclaim.remote.ssh import CommandResult
 
 _MISSING = 117  # our sentinel exit status: the cached agent file is not on the node
@@ -42,8 +42,7 @@ class AgentClient:
     def _command(self) -> str:
         if self.agent_command:
             return self.agent_command
-        version, _ = agent_bundle()
-        path = f'"$HOME/.cache/gpuclaim/agent-{version}"'
+        path = f'"$HOME/.cache/gpuclaim/agent-{agent_version()}"'
         return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; exec python3 "$d"'
 
     def _upload(self, alias: str, timeout: float) -> None:
