@@ -11,6 +11,7 @@ from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import NodeInventory
 from gpuclaim.engine.cluster import NodeProber
+from gpuclaim.remote.channels import NodeChannels
 from gpuclaim.store import Store
 
 MAX_SKEW_S = 30.0
@@ -30,6 +31,7 @@ class NodeHealth:
     storage: Optional[str] = None  # "ok", an error, or None when not checked here
     clock_skew_s: Optional[float] = None  # node clock minus storage clock
     agent: Optional[str] = None
+    path: Optional[str] = None  # how requests reach the node: warm agent, one-shot, in-process
     problems: list[tuple[str, str]] = field(default_factory=list)  # (what, how to fix)
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +60,7 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
         else:
             facts, offset = outcome.value
             health = _judge(name, facts, offset, storage_offset, outcome.seconds, store_id)
+            health.path = _path_to(prober, by_name[name])
         report.append(health)
     return report
 
@@ -169,3 +172,8 @@ def _ssh_fix(error: Optional[str], host: str) -> str:
     if "authentication" in text:
         return f"check your key: ssh {host} true must work without a password"
     return f"check that the node is up and ssh {host} true works"
+
+
+def _path_to(prober: NodeProber, node: NodeConfig) -> Optional[str]:
+    channels = prober.channels
+    return channels.path_to(node) if isinstance(channels, NodeChannels) else None

@@ -138,9 +138,17 @@ def doctor_table(report: Sequence[NodeHealth]) -> Table:
             h.driver or "",
             h.storage or "-",
             skew,
-            h.agent or "",
+            f"{h.agent or ''} {_path_word(h.path)}".strip(),
         )
     return table
+
+
+def _path_word(path: Optional[str]) -> str:
+    if not path:
+        return ""
+    if path.startswith("warm"):
+        return "(warm)"
+    return "(one-shot)" if path.startswith("one-shot") else "(local)"
 
 
 JOB_STYLE = {

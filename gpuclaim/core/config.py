@@ -51,6 +51,8 @@ _DEFAULT_KEYS = {
     "deadline",
     "kill_grace",
     "heartbeat",
+    "warm_agent",
+    "agent_idle",
 }
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
 _IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
@@ -90,6 +92,8 @@ class Limits:
     deadline_s: float = 20.0  # a whole cluster fan-out
     kill_grace_s: float = 30.0  # SIGTERM, then this long, then SIGKILL
     heartbeat_s: float = 10.0  # job wrappers' sign of life; lost after 3 missed + 2 s
+    warm_agent: bool = True  # looks go to a node agent that stays up (openssh only)
+    agent_idle_s: float = 600.0  # ... and exits after this long without a request
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,8 @@ def _limits(table: dict[str, Any]) -> Limits:
         deadline_s=_duration(table, "deadline", base.deadline_s),
         kill_grace_s=_duration(table, "kill_grace", base.kill_grace_s),
         heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
+        warm_agent=_bool(table, "warm_agent", base.warm_agent),
+        agent_idle_s=_duration(table, "agent_idle", base.agent_idle_s),
     )
 
 
@@ -399,6 +405,13 @@ def _str(table: dict[str, Any], key: str, default: str, prefix: str = "") -> str
     value = table.get(key, default)
     if not isinstance(value, str):
         raise ConfigError(f"'{prefix}{key}' must be a string, not {type(value).__name__}")
+    return value
+
+
+def _bool(table: dict[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"'defaults.{key}' must be true or false, not {value!r}")
     return value
 
 

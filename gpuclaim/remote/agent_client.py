@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from gpuclaim.core.errors import UnreachableError, error_from_wire
 from gpuclaim.remote.bundle import agent_bundle, agent_version
 from gpuclaim.remote.ssh import CommandResult
+
+if TYPE_CHECKING:
+    from gpuclaim.remote.warm import WarmAgents
 
 _MISSING = 117  # our sentinel exit status: the cached agent file is not on the node
 
@@ -25,25 +28,48 @@ class AgentClient:
     """Sends JSON requests to ``python3 agent.pyz`` on a node (uploading it when missing),
     or to an installed ``agent_command`` when the config names one."""
 
-    def __init__(self, pool: CommandRunner, agent_command: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        pool: CommandRunner,
+        agent_command: Optional[str] = None,
+        warm: Optional[WarmAgents] = None,
+    ) -> None:
         self.pool = pool
         self.agent_command = agent_command
+        self.warm = warm  # the node's warm agent, when the transport can reach one
 
     def call(self, alias: str, request: dict[str, Any], timeout: float = 30.0) -> Any:
         """The ``result`` of the request, or the agent's error raised as ours."""
-        payload = json.dumps(request).encode()
-        command = self._command()
-        result = self.pool.run(alias, command, payload, timeout)
+        if self.warm is not None:
+            answer = self.warm.call(alias, request, timeout)
+            if answer is not None:
+                if not isinstance(answer, dict):
+                    raise UnreachableError(f"{alias}: the warm agent answered {answer!r}")
+                return _result(answer)
+        return self.run_agent(alias, "", json.dumps(request).encode(), timeout)
+
+    def run_agent(self, alias: str, arguments: str, stdin: bytes, timeout: float) -> Any:
+        """Run the one-shot agent (``python3 agent-dir ARGUMENTS``), installing it first
+        when the node does not have this version; its ``result``."""
+        return _result(self.run_agent_raw(alias, arguments, stdin, timeout))
+
+    def run_agent_raw(
+        self, alias: str, arguments: str, stdin: bytes, timeout: float
+    ) -> dict[str, Any]:
+        """The same, with the whole answer (the result or the error, and what else it says)."""
+        command = self._command(arguments)
+        result = self.pool.run(alias, command, stdin, timeout)
         if result.exit_code == _MISSING and self.agent_command is None:
             self._upload(alias, timeout)
-            result = self.pool.run(alias, command, payload, timeout)
-        return _decode(alias, result.exit_code, result.stdout, result.stderr)
+            result = self.pool.run(alias, command, stdin, timeout)
+        return _response(alias, result.exit_code, result.stdout, result.stderr)
 
-    def _command(self) -> str:
+    def _command(self, arguments: str = "") -> str:
         if self.agent_command:
-            return self.agent_command
+            return f"{self.agent_command} {arguments}".strip()
         path = f'"$HOME/.cache/gpuclaim/agent-{agent_version()}"'
-        return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; exec python3 "$d"'
+        run = f'exec python3 "$d" {arguments}'.rstrip()
+        return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; {run}'
 
     def _upload(self, alias: str, timeout: float) -> None:
         """Unpack the agent into a versioned directory, compiled once: a zip on the path
@@ -67,7 +93,7 @@ class AgentClient:
             )
 
 
-def _decode(alias: str, code: int, stdout: bytes, stderr: bytes) -> Any:
+def _response(alias: str, code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
     if code == 127:
         raise UnreachableError(f"{alias}: python3 is not installed (gpuclaim needs python3 >= 3.9)")
     text = stdout.decode("utf-8", "replace").strip()
@@ -80,6 +106,11 @@ def _decode(alias: str, code: int, stdout: bytes, stderr: bytes) -> Any:
         if "SyntaxError" in stderr.decode("utf-8", "replace"):
             detail = "python3 on the node is too old (gpuclaim needs >= 3.9)"
         raise UnreachableError(f"{alias}: agent failed: {detail}")
+    return response
+
+
+def _result(response: dict[str, Any]) -> Any:
+    """The agent's ``result``, or its error raised as ours."""
     if "error" in response:
         raise error_from_wire(response["error"])
     return response.get("result")

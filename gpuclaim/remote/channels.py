@@ -42,3 +42,13 @@ class NodeChannels:
 
     def to_host(self, host: str) -> SshChannel:
         return SshChannel(self.agent, host)
+
+    def path_to(self, node: NodeConfig) -> str:
+        """How requests reach ``node`` now, in words (doctor)."""
+        if node.transport == "local":
+            return "in this process"
+        warm = self.agent.warm
+        if warm is None:
+            client = "the ssh binary" if self.config.ssh_client == "openssh" else "paramiko"
+            return f"one-shot agent per request ({client}; the warm agent needs openssh)"
+        return warm.path_of(node.host)

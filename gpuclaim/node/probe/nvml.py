@@ -20,16 +20,26 @@ MIB = 1024 * 1024
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 
 
+_keep = {"on": False, "ready": False}  # a warm agent keeps NVML initialised between probes
+
+
+def keep_initialised() -> None:
+    """From now on NVML stays initialised after a probe (its init is the slow part)."""
+    _keep["on"] = True
+
+
 def probe_nvml(node: str) -> NodeInventory:
     """All GPUs of this machine, with their compute and graphics processes."""
     try:
         import pynvml
     except ImportError as exc:
         raise ProbeError(f"NVML bindings not installed: {exc}") from exc
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission...
-        raise ProbeError(f"NVML cannot start: {_message(exc)}") from exc
+    if not _keep["ready"]:
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission...
+            raise ProbeError(f"NVML cannot start: {_message(exc)}") from exc
+        _keep["ready"] = _keep["on"]
     try:
         driver = _optional(pynvml, lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
         try:
@@ -39,10 +49,11 @@ def probe_nvml(node: str) -> NodeInventory:
             raise ProbeError(f"NVML query failed: {_message(exc)}") from exc
         return NodeInventory(node=node, gpus=gpus, source="nvml", driver_version=driver)
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        if not _keep["ready"]:
+            try:
+                pynvml.nvmlShutdown()
+            except Exception:
+                pass
 
 
 def _device(nv: Any, node: str, index: int) -> Gpu:

@@ -1,0 +1,223 @@
+"""The warm agent: the same ops as a one-shot agent, served by a process that stays up.
+
+A look at a node used to cost an SSH session, a Python start and the probes' set-up (NVML's
+init, on real GPUs the expensive part). The warm agent starts on demand (``serve-ensure``,
+over one SSH command), then answers on a unix socket that the CLI reaches through its SSH
+master (``ssh -O forward``), so a look costs one round trip. Per user, nothing to install:
+
+- its socket and lock live in a private directory (``$XDG_RUNTIME_DIR/gpuclaim`` or
+  ``~/.cache/gpuclaim/run``, 0700, ours), and it answers only its own user (SO_PEERCRED);
+- one per version (the socket is named by it); a newer one tells older ones to quit;
+- it exits by itself after ``idle_s`` without a request, removing its socket.
+
+Protocol, one connection per caller: the server writes a greeting line, then answers each
+request line (JSON) with one line. A caller that gets no greeting knows its request was never
+read, so trying again cannot run it twice. Standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.node.agent import handle
+
+DEFAULT_IDLE_S = 600.0
+START_WAIT_S = 5.0  # serve-ensure waits this long for a server it started
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
+
+
+def runtime_dir() -> Path:
+    """Private to this user: the runtime dir when there is one, else under the home."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "gpuclaim" if xdg and Path(xdg).is_dir() else None
+    if base is None:
+        base = Path.home() / ".cache" / "gpuclaim" / "run"
+    if len(str(base)) > _MAX_SOCKET_PATH - 40:
+        home = hashlib.sha1(str(Path.home()).encode()).hexdigest()[:8]
+        base = Path("/tmp") / f"gpuclaim-{os.getuid()}-{home}"  # one per home, as above
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = base.stat()
+    if info.st_uid != os.getuid():
+        raise GpuclaimError(f"{base} belongs to someone else: no agent socket there")
+    if info.st_mode & 0o077:
+        base.chmod(0o700)
+    return base
+
+
+def socket_path(version: str) -> Path:
+    return runtime_dir() / f"agent-{version}.sock"
+
+
+def greeting(version: str) -> dict[str, Any]:
+    return {"agent": version, "pid": os.getpid()}
+
+
+# -- the server ------------------------------------------------------------------------------
+class Server:
+    def __init__(self, version: str, idle_s: float) -> None:
+        self.version = version
+        self.idle_s = idle_s
+        self.path = socket_path(version)
+        self.last_request = time.monotonic()
+        self.busy = 0
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> int:
+        lock = open(self.path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held while we live
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another server of this version runs
+        _retire_older(self.path.parent, self.path.name)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a stale socket: its server is gone (we hold the lock)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        self.path.chmod(0o600)
+        listener.listen(64)
+        listener.settimeout(1.0)
+        inode = self.path.stat().st_ino
+        try:
+            while not self.stopping.is_set() and not self._idle_too_long():
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    continue
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_ino == inode:
+                    self.path.unlink()
+            lock.close()
+        return 0
+
+    def _idle_too_long(self) -> bool:
+        with self._lock:
+            return self.busy == 0 and time.monotonic() - self.last_request > self.idle_s
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            if _peer_uid(conn) != os.getuid():
+                return  # only our own user (the directory is private too)
+            stream = conn.makefile("rwb")
+            _send(stream, greeting(self.version))
+            for line in stream:
+                with self._lock:
+                    self.busy += 1
+                    self.last_request = time.monotonic()
+                try:
+                    _send(stream, self._answer(line))
+                finally:
+                    with self._lock:
+                        self.busy -= 1
+                        self.last_request = time.monotonic()
+                if self.stopping.is_set():
+                    return
+
+    def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line.decode("utf-8"))
+            if not isinstance(request, dict):
+                raise ValueError("request must be a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return {"error": {"type": "GpuclaimError", "message": f"agent: bad request: {exc}"}}
+        if request.get("op") == "quit":
+            self.stopping.set()
+            return {"result": True}
+        return handle(request)
+
+
+def _send(stream: Any, message: dict[str, Any]) -> None:
+    stream.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+    stream.flush()
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _retire_older(directory: Path, mine: str) -> None:
+    """Ask servers of other versions to quit: a newer gpuclaim arrived."""
+    for other in directory.glob("agent-*.sock"):
+        if other.name != mine:
+            with contextlib.suppress(OSError, ValueError):
+                ask(other, {"op": "quit"}, timeout=2.0)
+
+
+# -- a client on this node (serve-ensure, tests) --------------------------------------------
+def ask(path: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """One request to the server at ``path``; OSError if none answers."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(path))
+        stream = conn.makefile("rwb")
+        _send(stream, request)
+        hello = stream.readline()
+        answer = stream.readline()
+    if not hello or not answer:
+        raise OSError(f"no answer from {path}")
+    return dict(json.loads(answer))
+
+
+def ensure(version: str, idle_s: float, entry: list[str], wait: bool = True) -> dict[str, Any]:
+    """The socket of a running server of ``version``, starting one if there is none (without
+    ``wait``: started, not waited for; the caller answers its request meanwhile)."""
+    path = socket_path(version)
+    try:
+        ask(path, {"op": "ping"}, timeout=2.0)
+        return {"socket": str(path), "started": False}
+    except OSError:
+        pass
+    log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
+    try:
+        subprocess.Popen(
+            [*entry, "serve", version, str(idle_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # outlives the SSH command that started it
+            cwd=str(Path.home()),
+        )
+    finally:
+        log.close()
+    if not wait:
+        return {"socket": str(path), "started": True}
+    deadline = time.monotonic() + START_WAIT_S
+    last: Optional[OSError] = None
+    while time.monotonic() < deadline:
+        try:
+            ask(path, {"op": "ping"}, timeout=2.0)
+            return {"socket": str(path), "started": True}
+        except OSError as exc:
+            last = exc
+            time.sleep(0.02)
+    raise GpuclaimError(f"the warm agent did not start: {last}")
+
+
+def serve(version: str, idle_s: float) -> int:
+    # NVML initialised once for the server's life: its init is the slow part of a probe.
+    from gpuclaim.node.probe import nvml
+
+    nvml.keep_initialised()
+    return Server(version, idle_s).run()
+
+
+def print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+    sys.stdout.flush()

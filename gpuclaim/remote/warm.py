@@ -1,0 +1,164 @@
+"""Requests to each node's warm agent (``gpuclaim.node.server``) through the SSH master.
+
+The first request to a node goes, as ever, to the one-shot agent over one SSH command, which
+also starts the node's warm agent (``serve-and``); then the master is asked to forward a local
+unix socket to the warm agent's (``ssh -O forward -L``, a local request to the master). Later
+requests, from this process or the next command, connect to that local socket: one round trip
+over the master's connection, no process started anywhere. A first call costs what it did.
+
+Every failure falls back to the one-shot agent over SSH, only slower: no forwarding allowed
+(``AllowStreamLocalForwarding no``), an agent that cannot start, a master that died (the
+socket is then replaced). A request is sent again only when the agent provably never read
+it (no greeting came back), so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gpuclaim.core.errors import UnreachableError
+from gpuclaim.remote.openssh import OpenSshPool, control_dir
+
+OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
+# Ops that start processes meant to outlive everything (tmux sessions, the queue keeper)
+# keep coming from a fresh SSH session, as before: they inherit its environment.
+COLD_OPS = frozenset({"launch", "keep_queue"})
+
+
+class _NotSent(Exception):
+    """The agent never read the request: trying again is safe."""
+
+
+class _NoGreeting(_NotSent):
+    """The forwarded socket took the connection, then closed it: no agent behind it, or the
+    node's sshd refuses to forward to one."""
+
+
+class WarmAgents:
+    """``call`` answers through the node's warm agent, or None: use the one-shot agent."""
+
+    def __init__(
+        self,
+        pool: OpenSshPool,
+        version: str,
+        idle_s: float,
+        one_shot: Callable[[str, str, bytes, float], dict[str, Any]],
+    ) -> None:
+        self.pool = pool
+        self.version = version
+        self.idle_s = idle_s
+        # (alias, agent arguments, stdin, timeout) -> the one-shot agent's whole answer
+        self._one_shot = one_shot
+        self._dir = control_dir() / "w"  # beside the masters, apart from them
+        self._dir.mkdir(mode=0o700, exist_ok=True)
+
+    # -- paths ------------------------------------------------------------------------------
+    def _key(self, alias: str) -> str:
+        return hashlib.sha1(alias.encode()).hexdigest()[:12]
+
+    def local_socket(self, alias: str) -> Path:
+        return self._dir / f"w-{self._key(alias)}-{self.version[-12:]}.sock"
+
+    def _off_file(self, alias: str) -> Path:
+        return self._dir / f"w-{self._key(alias)}.off"
+
+    def path_of(self, alias: str) -> str:
+        """How requests reach ``alias`` now, in words (doctor)."""
+        off = self._off_reason(alias)
+        if off is not None:
+            return f"one-shot agent per request (warm agent off: {off})"
+        return "warm agent through the SSH master"
+
+    def _off_reason(self, alias: str) -> Optional[str]:
+        path = self._off_file(alias)
+        try:
+            if time.time() - path.stat().st_mtime < OFF_FOR_S:
+                return path.read_text("utf-8").strip() or "failed"
+        except OSError:
+            return None
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+    def _turn_off(self, alias: str, why: str) -> None:
+        with contextlib.suppress(OSError):
+            self._off_file(alias).write_text(why[:300] + "\n", "utf-8")
+
+    # -- requests ---------------------------------------------------------------------------
+    def call(self, alias: str, request: dict[str, Any], timeout: float) -> Optional[Any]:
+        if request.get("op") in COLD_OPS or self._off_reason(alias) is not None:
+            return None
+        local = self.local_socket(alias)
+        try:
+            return self._ask(alias, local, request, timeout)
+        except _NotSent:
+            pass
+        # No warm agent behind the socket (yet, or any more): this request goes to the
+        # one-shot agent, which starts the warm one meanwhile; the next ones go warm.
+        payload = json.dumps(request).encode()
+        arguments = f"serve-and {self.version} {self.idle_s:g}"
+        answer = self._one_shot(alias, arguments, payload, timeout)
+        warm = answer.pop("warm", None) or {}
+        if "socket" not in warm:
+            self._turn_off(alias, str(warm.get("error") or "the node did not start one"))
+            return answer
+        try:
+            self._forward(alias, local, str(warm["socket"]), timeout)
+            if warm.get("started") is False:
+                # It was up, so the forward should reach it now: if not, it never will.
+                self._ask(alias, local, {"op": "ping"}, timeout)
+        except _NotSent as exc:
+            why = str(exc)
+            if isinstance(exc, _NoGreeting) or not local.exists():
+                why = "the node's sshd refuses to forward to it (AllowStreamLocalForwarding no?)"
+            self._turn_off(alias, why)
+        return answer
+
+    def _ask(self, alias: str, local: Path, request: dict[str, Any], timeout: float) -> Any:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(timeout)
+            try:
+                conn.connect(str(local))
+            except OSError as exc:  # no socket yet, or its master is gone
+                raise _NotSent(str(exc)) from exc
+            stream = conn.makefile("rwb")
+            try:
+                stream.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+                stream.flush()
+                hello = stream.readline()
+            except OSError as exc:
+                raise _NotSent(str(exc)) from exc
+            if not hello:
+                raise _NoGreeting("the forwarded socket closed: no agent behind it")
+            try:
+                answer = stream.readline()
+            except socket.timeout as exc:
+                raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
+            if not answer:
+                raise UnreachableError(f"{alias}: the agent went away during the request")
+            return json.loads(answer)
+        finally:
+            conn.close()
+
+    def _forward(self, alias: str, local: Path, remote: str, timeout: float) -> None:
+        """Ask the SSH master to forward ``local`` to the warm agent's socket on the node."""
+        for old in self._dir.glob(f"w-{self._key(alias)}-*.sock"):
+            with contextlib.suppress(OSError):
+                old.unlink()  # a dead master's socket, or another version's
+        proc = subprocess.run(
+            [*self.pool.base, "-O", "forward", "-L", f"{local}:{remote}", "--", alias],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or ["ssh -O forward failed"])[-1]
+            raise _NotSent(f"the SSH master cannot forward to it: {reason}")

@@ -1,0 +1,193 @@
+"""The warm agent (node/server.py, remote/warm.py) on the sshd testbed: looks go through the
+SSH master to an agent that stays up; every way that fails falls back, only slower; the
+safety rules hold (own user only, stale sockets, a new version, a master killed, idle exit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A short XDG_RUNTIME_DIR for the laptop's sockets (paths must fit in 108 bytes), for
+    every gpuclaim the test starts; the masters it holds are closed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="gcw-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    yield d
+    for master in (d / "gpuclaim-cm").glob("*"):
+        if master.name != "w":
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
+            )
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _agents(testbed: Any) -> list[tuple[int, str]]:
+    """(pid, argv) of every warm agent running on this machine for the testbed's nodes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and any(b"gpuclaim" in a for a in argv):
+            found.append((int(entry.name), " ".join(a.decode() for a in argv)))
+    return found
+
+
+def test_status_goes_through_the_warm_agent_and_is_the_same(testbed, make_remote, runtime):
+    c = make_remote(testbed, ssh_client="openssh")
+    cold = c.json("status")
+    assert len(cold) == 12
+    forwarded = sorted((runtime / "gpuclaim-cm" / "w").glob("w-*.sock"))
+    assert len(forwarded) == 3  # one forwarded socket per node
+    agents = _agents(testbed)
+    assert len(agents) == 3, agents
+    warm = c.json("status")
+    assert [(r["node"], r["uuid"], r["state"]) for r in warm] == [
+        (r["node"], r["uuid"], r["state"]) for r in cold
+    ]
+    assert _agents(testbed) == agents  # the same agents answered: nothing was started
+    # claims, runs and the board's refresh use it too
+    c.ok("claim", "--gpu", "node02:1")
+    rows = c.json("status")
+    assert [(r["node"], r["index"]) for r in rows if r["claim"]] == [("node02", 1)]
+    proc = c.cli("run", "--name", "warm", "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, runtime):
+    c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
+    c.json("status")
+    masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
+    assert len(masters) == 1
+    subprocess.run(["ssh", "-o", f"ControlPath={masters[0]}", "-O", "exit", "x"], check=False)
+    (forwarded,) = (runtime / "gpuclaim-cm" / "w").glob("w-*.sock")
+    assert forwarded.exists()  # left behind by the dead master: nobody listens
+    rows = c.json("status")
+    assert {r["state"] for r in rows} == {"free"}
+    assert _connects(forwarded)  # a new master forwards it again
+
+
+def test_no_forwarding_allowed_falls_back_to_the_one_shot_agent(testbed, make_remote, runtime):
+    c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
+    sshd_config = testbed.node_dir("node01") / "sshd_config"
+    original = sshd_config.read_text()
+    testbed.stop_node("node01")
+    sshd_config.write_text(original + "AllowStreamLocalForwarding no\n")
+    testbed.start_node("node01")
+    try:
+        for _ in range(3):
+            rows = c.json("status")
+            assert {r["state"] for r in rows} == {"free"}
+        (off,) = (runtime / "gpuclaim-cm" / "w").glob("w-*.off")
+        assert "refuses to forward" in off.read_text()
+        report = c.json("doctor", "--json")
+        assert report[0]["path"].startswith("one-shot agent"), report
+        assert "AllowStreamLocalForwarding" in report[0]["path"]
+    finally:
+        testbed.stop_node("node01")
+        sshd_config.write_text(original)
+        testbed.start_node("node01")
+
+
+def test_the_agent_answers_only_its_own_user(tmp_path: Path) -> None:
+    from gpuclaim.node import server
+
+    env = dict(os.environ, HOME=str(tmp_path), XDG_RUNTIME_DIR="")
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from gpuclaim.node import server\n"
+        "print(server.socket_path('t-1'), flush=True)\n"
+        "server.Server('t-1', 30).run()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        path = Path(proc.stdout.readline().decode().strip())
+        _wait_for(path)
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+        assert server.ask(path, {"op": "ping"})["result"]["version"]
+        # another user is refused twice: by the 0700 directory, and, were the socket
+        # reachable, by the peer's uid (the server closes without a greeting)
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        hello = (
+            "import socket; s=socket.socket(socket.AF_UNIX); "
+            f"s.connect({str(path)!r}); print(repr(s.recv(100)))"
+        )
+        blocked = subprocess.run(
+            [*as_nobody, sys.executable, "-c", hello], capture_output=True, text=True
+        )
+        assert blocked.returncode != 0 and "Permission denied" in blocked.stderr
+        path.parent.chmod(0o755)
+        path.chmod(0o666)
+        dropped = subprocess.run(
+            [*as_nobody, sys.executable, "-c", hello], capture_output=True, text=True
+        )
+        assert dropped.stdout.strip() == "b''", (dropped.stdout, dropped.stderr)
+        assert server.ask(path, {"op": "ping"})["result"]["version"]  # we still are
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if "path" in locals() and path.parent.name.startswith("gpuclaim-"):
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def test_a_newer_version_retires_the_older_and_idle_agents_exit(tmp_path: Path) -> None:
+    env = dict(os.environ, HOME=str(tmp_path), XDG_RUNTIME_DIR="")
+    entry = [sys.executable, "-m", "gpuclaim.node.main"]
+    env["PYTHONPATH"] = str(ROOT)
+
+    def ensure(version: str, idle: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [*entry, "serve-ensure", version, idle], env=env, capture_output=True, text=True
+        )
+        return json.loads(out.stdout)["result"]
+
+    old = ensure("v-old", "60")
+    assert old["started"] and ensure("v-old", "60")["started"] is False  # found, not doubled
+    new = ensure("v-new", "1.5")
+    deadline = time.monotonic() + 10
+    while Path(old["socket"]).exists():  # told to quit by the newer one
+        assert time.monotonic() < deadline, "the old agent did not retire"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while Path(new["socket"]).exists():  # idle for 1.5 s: gone, socket removed
+        assert time.monotonic() < deadline, "the idle agent did not exit"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    assert not [p for p, argv in _agents(None) if str(tmp_path) in argv or "v-new" in argv]
+
+
+def _connects(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no socket {path}"
+        time.sleep(0.05)
