@@ -8,6 +8,8 @@ For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`
   pdsh      pdsh -R ssh -w node[01-N] nvidia-smi ... (if pdsh is installed)
   cold      gpuclaim status --json in a new process (new connections, agent cached)
   warm      one more probe of all nodes on the connections a long-lived process keeps (board)
+  first-cm  ssh_client = "openssh", first call of the day: no master, no agent, no cache
+  warm-cm   ssh_client = "openssh" after a warm-up: masters and warm agents up, new process
 and prints the table plus ratios. Machines are noisy: read the ratios, not lone absolutes.
 """
 
@@ -95,9 +97,32 @@ def bench_n(
         if "openssh" in clients:
             text = config.read_text().replace("\nnodes = ", '\nssh_client = "openssh"\nnodes = ', 1)
             config.write_text(text)
-            run(gpuclaim, genv, 0)  # starts the ControlMasters, which then persist
-            results["cold-cm"] = timed(lambda: run(gpuclaim, genv, 4 * n), repeat)
-            subprocess.run(["ssh", "-F", str(cfg), "-O", "exit", "x"], capture_output=True)
+            cm = Path(tempfile.mkdtemp(prefix="gcb-", dir="/tmp"))  # short socket paths
+            oenv = {**genv, "XDG_RUNTIME_DIR": str(cm)}
+            ctl = ["-F", str(cfg), "-o", f"ControlPath={cm}/gpuclaim-cm/%C"]
+
+            def first_of_the_day() -> None:
+                """Every node's agents gone and its gpuclaim cache removed; no masters."""
+                for node in tb.nodes:
+                    subprocess.run(["ssh", *ctl, "-O", "exit", node], capture_output=True)
+                    kill = (
+                        "pkill -f 'gpuclaim/agent-[0-9a-f.-]* serve'; "
+                        'rm -rf "$HOME/.cache/gpuclaim"'
+                    )
+                    subprocess.run(["ssh", "-F", str(cfg), node, kill], capture_output=True)
+                shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)
+
+            samples = []
+            for _ in range(repeat):
+                first_of_the_day()
+                t0 = time.perf_counter()
+                run(gpuclaim, oenv, 4 * n)
+                samples.append(time.perf_counter() - t0)
+            results["first-cm"] = statistics.median(samples)
+            run(gpuclaim, oenv, 0)  # warm agents up, masters persist, sockets forwarded
+            results["warm-cm"] = timed(lambda: run(gpuclaim, oenv, 4 * n), repeat)
+            first_of_the_day()
+            shutil.rmtree(cm, ignore_errors=True)
         return results
     finally:
         tb.down()
@@ -154,6 +179,9 @@ def main() -> None:
         parts = [f"cold/seq-ssh {row['cold'] / row['seq-ssh']:.2f}"]
         if "pdsh" in row:
             parts.append(f"cold/pdsh {row['cold'] / row['pdsh']:.2f}")
+            for m in ("first-cm", "warm-cm"):
+                if m in row:
+                    parts.append(f"{m}/pdsh {row[m] / row['pdsh']:.2f}")
         print(f"N={n:<4} " + "  ".join(parts))
     print(f"cold N={last} / cold N={first}: {table[last]['cold'] / table[first]['cold']:.2f}")
     print(f"warm N={last} / warm N={first}: {table[last]['warm'] / table[first]['warm']:.2f}")

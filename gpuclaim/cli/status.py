@@ -22,7 +22,6 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
-    from gpuclaim.cli.render import status_summary, status_table
     from gpuclaim.core.usage import usage_view
     from gpuclaim.engine.cluster import build_view
     from gpuclaim.engine.observe import follow_up_look
@@ -52,6 +51,8 @@ def status(
             rows.append(d)
         print_json(rows)
     else:
+        from gpuclaim.cli.render import status_summary, status_table  # rich's tables: 60 ms
+
         console = out()
         console.print(f"[bold]{cfg.cluster}[/bold]: {status_summary(view)}")
         console.print(status_table(view, view.snapshot.now, usage))

@@ -320,6 +320,8 @@ def rank_spec(
         "sample_s": max(config.limits.heartbeat_s, min(60.0, config.idle.window_s / 4)),
         "idle_threshold_pct": config.idle.threshold_pct,
         "gang": gang if len(job.ranks) > 1 else {},
+        # What the placement probe saw, so a wrapper starting seconds later need not look again
+        "placed": {"at": store.now(), "indices": dict(zip(rank.gpu_uuids, rank.gpus))},
     }
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,6 +78,10 @@ class PostResult:
 
 def post(url: str, payload: dict[str, Any], timeout: float) -> PostResult:
     """One POST; never raises, never mentions the URL (it is a secret)."""
+    # Here, not at the top: urllib.request costs 25 ms, and every look imports this module.
+    import urllib.error
+    import urllib.request
+
     data = json.dumps(payload).encode()
     request = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json"}, method="POST"

@@ -25,6 +25,7 @@ from gpuclaim.node.rank_record import RankRecord
 from gpuclaim.node.runner import free_port
 
 POLL_S = 0.5
+PLACEMENT_FRESH_S = 10.0  # a placement probe this recent stands for the wrapper's own
 
 
 class Wrapper(RankRecord):
@@ -53,18 +54,20 @@ class Wrapper(RankRecord):
         self.stop_reason = self.stop_reason or "killed"
 
     def _environment(self) -> tuple[dict[str, str], Optional[str]]:
-        from gpuclaim.node.probe.local import probe_local
-
         node_env = dict(self.spec.get("node_env") or {})
-        inventory = probe_local(
-            self.me.node,
-            tuple(self.spec.get("nvidia_smi") or ()),
-            node_env,
-            float(self.spec.get("probe_timeout", 10.0)),
-        )
-        if inventory.error:
-            return {}, f"cannot check the GPUs before starting: {inventory.error}"
-        index_of = {g.uuid: g.index for g in inventory.gpus}
+        index_of = self._placed_indices()
+        if index_of is None:  # placed long ago (a queued job) or by an older CLI: look again
+            from gpuclaim.node.probe.local import probe_local
+
+            inventory = probe_local(
+                self.me.node,
+                tuple(self.spec.get("nvidia_smi") or ()),
+                node_env,
+                float(self.spec.get("probe_timeout", 10.0)),
+            )
+            if inventory.error:
+                return {}, f"cannot check the GPUs before starting: {inventory.error}"
+            index_of = {g.uuid: g.index for g in inventory.gpus}
         missing = [u for u in self.me.gpu_uuids if u not in index_of]
         if missing:
             return {}, f"claimed GPU {missing[0]} is not on this node any more"
@@ -86,6 +89,18 @@ class Wrapper(RankRecord):
         )
         env.update({k: str(v) for k, v in (self.spec.get("gang") or {}).items()})
         return env, None
+
+    def _placed_indices(self) -> Optional[dict[str, int]]:
+        """The GPUs' indices as the placement probe saw them, if that was moments ago."""
+        placed = self.spec.get("placed") or {}
+        indices = placed.get("indices") or {}
+        if set(indices) != set(self.me.gpu_uuids):
+            return None
+        try:
+            fresh = abs(self.store.now() - float(placed["at"])) < PLACEMENT_FRESH_S
+        except (GpuclaimError, KeyError, TypeError, ValueError):
+            return None
+        return {str(u): int(i) for u, i in indices.items()} if fresh else None
 
     def _resolve_argv(self) -> list[str]:
         """Interactive kinds are resolved here, on the node: its shell, its jupyter."""
