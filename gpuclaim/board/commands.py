@@ -20,7 +20,7 @@ from gpuclaim.board.dialogs import ClaimDialog, ConfirmDialog
 from gpuclaim.board.messages import ActionDone, LogChunk
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.model import Job
-from gpuclaim.remote.terminal import attach_command
+from gpuclaim.remote.channels import attach_command
 
 if TYPE_CHECKING:
     from textual.app import App

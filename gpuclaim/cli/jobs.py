@@ -333,7 +333,7 @@ def attach(
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
     from gpuclaim.engine.job_records import find_job
-    from gpuclaim.remote.terminal import attach_command
+    from gpuclaim.remote.channels import attach_command
 
     st = state(ctx, looking=True)
     job = find_job(st.store, st.user, name)
@@ -409,7 +409,7 @@ def shell(
     )
     job = _submit_and_report(st, req, wait=False, as_json=as_json)
     if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
-        from gpuclaim.remote.terminal import attach_command
+        from gpuclaim.remote.channels import attach_command
 
         argv = attach_command(st.config, job.ranks[0].node, job.session)
         _exec_outside_tmux(argv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
@@ -130,6 +130,11 @@ class Config:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
     storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
+
+    def seen_from(self, node: str) -> Config:
+        """The config as code on ``node`` itself sees it (a job wrapper, a queue keeper): that
+        node alone, reached without SSH."""
+        return replace(self, nodes=(replace(self.node(node), transport="local"),))
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:

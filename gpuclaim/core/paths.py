@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuclaim.core.errors import GpuclaimError
+
 
 def home_override() -> Path | None:
     value = os.environ.get("GPUCLAIM_HOME")
@@ -35,3 +37,15 @@ def data_dir() -> Path:
 def host_lock_dir() -> Path:
     """Host-local lock files (never on shared storage: flock does not exclude across NFS)."""
     return data_dir() / "locks"
+
+
+def private_dir(path: Path, use: str, error: type[GpuclaimError] = GpuclaimError) -> Path:
+    """``path``, made 0700 if missing, for sockets only this user may reach: refused when
+    someone else owns it, made private again when it is ours but open."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise error(f"{path} belongs to someone else: not using it for {use}")
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+    return path

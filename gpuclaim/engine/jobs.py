@@ -405,7 +405,7 @@ def dispatch_queue(
     a waiting one only on nodes where the waiting one can never run, so it never delays it.
     With ``only_node`` (a job wrapper on that node), only that node is used, locally."""
     if only_node is not None:
-        config = _local_only(config, only_node)
+        config = config.seen_from(only_node)
     ops = ops or NodeOps(config, prober)
     entries = store.queue_entries()
     if not entries:
@@ -475,12 +475,6 @@ def _backfill_nodes(config: Config, view: ClusterView, heads: list[Job]) -> Opti
 
 def _only(config: Config, names: Sequence[str]) -> Config:
     return replace(config, nodes=tuple(n for n in config.nodes if n.name in names))
-
-
-def _local_only(config: Config, node: str) -> Config:
-    """The config as seen from ``node`` itself: that node alone, reached without SSH."""
-    me = config.node(node)
-    return replace(config, nodes=(replace(me, transport="local"),))
 
 
 def _reuse(prober: NodeProber, view: ClusterView) -> NodeProber:

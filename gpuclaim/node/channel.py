@@ -4,7 +4,6 @@ wrapper or queue keeper, which only ever act on their own node."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from gpuclaim.core.config import Config, NodeConfig
@@ -37,5 +36,4 @@ class LocalChannels:
 def local_prober(config: Config, node: str) -> NodeProber:
     """How code on ``node`` itself (a wrapper, a keeper) sees the cluster: that node alone,
     reached in this process."""
-    me = replace(config.node(node), transport="local")
-    return NodeProber(replace(config, nodes=(me,)), LocalChannels())
+    return NodeProber(config.seen_from(node), LocalChannels())

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.paths import private_dir
 from gpuclaim.node.agent import handle
 
-DEFAULT_IDLE_S = 600.0
 START_WAIT_S = 5.0  # serve-ensure waits this long for a server it started
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 
@@ -48,13 +48,7 @@ def runtime_dir() -> Path:
     if len(str(base)) > _MAX_SOCKET_PATH - 40:
         home = hashlib.sha1(str(Path.home()).encode()).hexdigest()[:8]
         base = Path("/tmp") / f"gpuclaim-{os.getuid()}-{home}"  # one per home, as above
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = base.stat()
-    if info.st_uid != os.getuid():
-        raise GpuclaimError(f"{base} belongs to someone else: no agent socket there")
-    if info.st_mode & 0o077:
-        base.chmod(0o700)
-    return base
+    return private_dir(base, "the warm agent's socket")
 
 
 def socket_path(version: str) -> Path:

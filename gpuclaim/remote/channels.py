@@ -1,16 +1,21 @@
-"""The ``Channels`` the CLI and the board use: the one place that asks "local or over SSH?".
+"""The ``Channels`` the CLI and the board use, and the terminal ``attach`` hands over: the one
+place that asks "local or over SSH?".
 
 A node on this machine is answered in this process; any other through the agent over SSH,
 with one pool of connections per process (opened on first use)."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 from collections.abc import Mapping
 from typing import Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.node.channel import LocalChannel
+from gpuclaim.node.tmux import attach_argv
 from gpuclaim.remote.agent_client import AgentClient
+from gpuclaim.remote.ssh import config_for_ssh_binary
 
 
 class SshChannel:
@@ -52,3 +57,17 @@ class NodeChannels:
             client = "the ssh binary" if self.config.ssh_client == "openssh" else "paramiko"
             return f"one-shot agent per request ({client}; the warm agent needs openssh)"
         return warm.path_of(node.host)
+
+
+def attach_command(config: Config, node_name: str, session: str) -> list[str]:
+    """The argv that attaches a terminal to a job's tmux session (``ssh -t`` for a node over
+    SSH, with the ssh config every other command reads)."""
+    node = config.node(node_name)
+    tmux = attach_argv(session)
+    if node.transport == "local":
+        return tmux
+    argv = [shutil.which("ssh") or "ssh", "-t"]
+    config_file = config_for_ssh_binary(config.ssh_config_path)
+    if config_file is not None:
+        argv += ["-F", str(config_file)]
+    return [*argv, node.host, " ".join(shlex.quote(a) for a in tmux)]

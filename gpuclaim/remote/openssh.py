@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from gpuclaim.core.errors import UnreachableError
+from gpuclaim.core.paths import private_dir
 from gpuclaim.remote.ssh import CommandResult
 
 PERSIST = "10m"
@@ -28,10 +29,7 @@ def control_dir() -> Path:
     path = base / "gpuclaim-cm"
     if len(str(path)) > 60:
         path = Path(tempfile.gettempdir()) / f"gpuclaim-cm-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_uid != os.getuid():
-        raise UnreachableError(f"{path} belongs to someone else: not using it for ssh sockets")
-    return path
+    return private_dir(path, "ssh sockets", UnreachableError)
 
 
 class OpenSshPool:
@@ -41,12 +39,13 @@ class OpenSshPool:
         binary = shutil.which("ssh")
         if binary is None:
             raise UnreachableError('ssh_client = "openssh" needs the ssh binary (openssh-client)')
+        self.control_dir = control_dir()
         self.base = [
             binary,
             "-o",
             "ControlMaster=auto",
             "-o",
-            f"ControlPath={control_dir()}/%C",
+            f"ControlPath={self.control_dir}/%C",
             "-o",
             f"ControlPersist={PERSIST}",
             "-o",

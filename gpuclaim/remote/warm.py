@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuclaim.core.errors import UnreachableError
-from gpuclaim.remote.openssh import OpenSshPool, control_dir
+from gpuclaim.core.paths import private_dir
+from gpuclaim.remote.openssh import OpenSshPool
 
 OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
 # Ops that start processes meant to outlive everything (tmux sessions, the queue keeper)
@@ -56,8 +57,7 @@ class WarmAgents:
         self.idle_s = idle_s
         # (alias, agent arguments, stdin, timeout) -> the one-shot agent's whole answer
         self._one_shot = one_shot
-        self._dir = control_dir() / "w"  # beside the masters, apart from them
-        self._dir.mkdir(mode=0o700, exist_ok=True)
+        self._dir = private_dir(pool.control_dir / "w", "forwarded agent sockets")
 
     # -- paths ------------------------------------------------------------------------------
     def _key(self, alias: str) -> str:
