@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -16,6 +17,8 @@ from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 if TYPE_CHECKING:
     from gpuclaim.engine.channel import Channels
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class NodeProber:
             if outcome.ok and outcome.value is not None:
                 result[name] = outcome.value
             else:
+                # --debug shows gpuclaim's own verdict too, not only the libraries' logs
+                log.debug("%s unreachable: %s", name, outcome.error)
                 result[name] = NodeInventory(node=name, reachable=False, error=outcome.error)
         return result
 
