@@ -152,26 +152,15 @@ class SimCluster(CliDriver):
             self._record_fast_outputs()
 
     def _record_fast_outputs(self) -> None:
-        from gpuclaim.node.probe.smi_parse import APP_QUERY_FIELDS, GPU_QUERY_FIELDS
-
         for node in self.nodes:
-            env = self.node_env(node)
-            for kind, fields in (("gpus", GPU_QUERY_FIELDS), ("apps", APP_QUERY_FIELDS)):
-                flag = "--query-gpu" if kind == "gpus" else "--query-compute-apps"
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "gpuclaim.sim.fake_nvidia_smi",
-                        f"{flag}={','.join(fields)}",
-                        "--format=csv,noheader,nounits",
-                    ],
-                    env={**os.environ, **env},
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-                (self.root / f"{node}.{kind}.csv").write_text(out)
+            out = subprocess.run(
+                [sys.executable, "-m", "gpuclaim.sim.fake_nvidia_smi", "-q", "-x"],
+                env={**os.environ, **self.node_env(node)},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            (self.root / f"{node}.q.xml").write_text(out)
 
     def node_env(self, node: str) -> dict[str, str]:
         return {"GPUCLAIM_NODE": node, "GPUCLAIM_SIM_STATE": str(self.state_path)}

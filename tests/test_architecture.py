@@ -166,6 +166,41 @@ def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
     )
     assert json.loads(proc.stdout) == {"result": None}, proc.stderr
     assert (tmp_path / "s" / "VERSION").is_file()
+    names = set(zipfile.ZipFile(io.BytesIO(blob)).namelist())
+    assert names == {f"gpuclaim/{m}" for m in modules} | {"__main__.py", "vendor/pynvml.py"}
+
+
+def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path) -> None:
+    """A node with a driver but no nvidia-ml-py still reads NVML in-process (the copy the
+    bundle carries); a node without the driver's library never imports that copy."""
+    import pynvml
+
+    _, blob = agent_bundle()
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        zf.extractall(tmp_path / "agent")
+        assert zf.read("vendor/pynvml.py") == Path(pynvml.__file__).read_bytes()
+    code = (
+        f"import ctypes, sys\nsys.path.insert(0, {str(tmp_path / 'agent')!r})\n"
+        "from gpuclaim.node.probe import nvml\n"
+        "from gpuclaim.core.errors import ProbeError\n"
+        "try:\n    nvml.bindings()\nexcept ProbeError as e:\n    print('without:', e)\n"
+        "print('imported:', 'pynvml' in sys.modules)\n"
+        "ctypes.CDLL = lambda name: None  # as if the driver's library loaded\n"
+        "print('with:', nvml.bindings().__file__)\n"
+        "try:\n    nvml.probe_nvml('n1')\nexcept ProbeError as e:\n    print('probe:', e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 4, proc.stdout + proc.stderr
+    assert lines[0].startswith("without: NVML library not found: libnvidia-ml.so.1")
+    assert lines[1] == "imported: False"
+    assert lines[2] == f"with: {tmp_path / 'agent' / 'vendor' / 'pynvml.py'}"
+    assert lines[3].startswith("probe: NVML cannot start")
 
 
 def test_the_store_interface_is_implemented_and_forwarded_whole() -> None:

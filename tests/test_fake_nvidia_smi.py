@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -284,3 +285,79 @@ def test_runs_standalone_as_nvidia_smi_on_path(state: Path, node: str, tmp_path:
         sim_uuid(node, 0),
         sim_uuid(node, 1),
     ]
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def _csv_view(state: Path, node: str) -> list[Any]:
+    gpus = parse_query_gpu(ok(smi(state, node, GPU_QUERY, NOHEADER)), node, GPU_QUERY_FIELDS)
+    procs = parse_compute_apps(ok(smi(state, node, APP_QUERY, NOHEADER)), APP_QUERY_FIELDS)
+    return attach_processes(gpus, procs)
+
+
+def _without_users(gpus: Any) -> list[Any]:
+    from dataclasses import replace
+
+    return [replace(g, processes=tuple(replace(p, user=None) for p in g.processes)) for g in gpus]
+
+
+def test_one_xml_query_says_what_the_two_csv_queries_say(state: Path, node: str) -> None:
+    """The probe makes one ``-q -x`` call; the simulator's XML must agree with its CSV."""
+    from gpuclaim.node.probe.local import probe_nvidia_smi
+
+    job = start_job(node, "1")
+    try:
+        wait_until(
+            lambda: any(p.pid == job.pid for g in _csv_view(state, node) for p in g.processes)
+        )
+        env = {"GPUCLAIM_SIM_STATE": str(state), "GPUCLAIM_NODE": node}
+        inv = probe_nvidia_smi(node, [sys.executable, str(SCRIPT)], env)
+        assert (inv.source, inv.driver_version, inv.error) == ("nvidia-smi", "550.54.15", None)
+        assert _without_users(inv.gpus) == _csv_view(state, node)
+        assert [p.user for p in inv.gpus[1].processes] == [pwd.getpwuid(os.getuid()).pw_name]
+    finally:
+        stop(job)
+    assert ok(smi(state, node, "-q", "-x")).startswith('<?xml version="1.0" ?>')
+    assert smi(state, node, "-q").returncode == 2  # the text report is not simulated
+    broken = smi(state, "broken", "-q", "-x")
+    assert broken.returncode == 9 and looks_like_no_driver(broken.stdout)
+
+
+def test_the_nvml_face_sees_the_same_gpus_and_jobs(
+    state: Path, node: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe_nvml through the simulator's pynvml: same GPUs, processes and live jobs as
+    nvidia-smi, NVML kept initialised across probes (a warm agent), a failed driver refused."""
+    from gpuclaim.core.errors import ProbeError
+    from gpuclaim.node.probe import nvml
+    from gpuclaim.sim import fake_pynvml
+
+    monkeypatch.setenv("GPUCLAIM_SIM_STATE", str(state))
+    monkeypatch.setenv("GPUCLAIM_NODE", node)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    monkeypatch.setitem(nvml._keep, "on", True)
+    monkeypatch.setitem(nvml._keep, "ready", False)
+    before = nvml.probe_nvml(node)
+    assert (before.source, before.driver_version) == ("nvml", "550.54.15")
+    assert fake_pynvml._state["init"] == 1
+    job = start_job(node, "1")
+    try:
+        wait_until(
+            lambda: any(p.pid == job.pid for g in _csv_view(state, node) for p in g.processes)
+        )
+        during = nvml.probe_nvml(node)  # no second nvmlInit, yet the new job is seen
+        assert fake_pynvml._state["init"] == 1
+        assert _without_users(during.gpus) == _csv_view(state, node)
+        assert during.gpus[1].processes[0].name == "sleep"
+    finally:
+        stop(job)
+    assert nvml.probe_nvml(node).gpus[1].processes == ()
+    monkeypatch.setitem(nvml._keep, "ready", False)
+    monkeypatch.setenv("GPUCLAIM_NODE", "broken")
+    with pytest.raises(ProbeError, match="NVML cannot start: Driver Not Loaded"):
+        nvml.probe_nvml("broken")

@@ -36,7 +36,8 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _agents(testbed: Any) -> list[tuple[int, str]]:
-    """(pid, argv) of every warm agent running on this machine for the testbed's nodes."""
+    """(pid, argv) of every warm agent running on this machine for the testbed's nodes
+    (``None``: every warm agent)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -45,7 +46,8 @@ def _agents(testbed: Any) -> list[tuple[int, str]]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"serve" in argv and any(b"gpuclaim" in a for a in argv):
+        mine = testbed is None or any(a.startswith(str(testbed.dir).encode()) for a in argv)
+        if mine and b"serve" in argv and any(b"gpuclaim" in a for a in argv):
             found.append((int(entry.name), " ".join(a.decode() for a in argv)))
     return found
 
@@ -191,3 +193,34 @@ def _wait_for(path: Path) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"no socket {path}"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("client", ["openssh", "fabric"])
+def test_a_node_with_a_driver_is_read_through_nvml_in_the_agent(
+    make_testbed, make_remote, runtime, client
+):
+    """Nodes whose Python finds pynvml (here the simulator's NVML face) are probed in-process,
+    kept warm behind the master, and show the same GPUs and jobs as nvidia-smi would."""
+    tb = make_testbed(2, 2, nvml=True)
+    c = make_remote(tb, ssh_client=client)
+    report = c.json("doctor", "--json")
+    assert [(r["node"], r["gpu_source"]) for r in report] == [
+        ("node01", "nvml"),
+        ("node02", "nvml"),
+    ]
+    proc = c.cli("run", "--node", "node02", "--name", "nv", "--", "sleep", "30")
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 15
+    while True:
+        rows = c.json("status")
+        busy = [(r["node"], r["index"], [p["name"] for p in r["processes"]]) for r in rows]
+        if ("node02", 0, ["sleep"]) in busy or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert busy == [
+        ("node01", 0, []),
+        ("node01", 1, []),
+        ("node02", 0, ["sleep"]),
+        ("node02", 1, []),
+    ]
+    c.ok("kill", "nv")

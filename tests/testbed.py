@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 FAKE_SMI = Path(__file__).resolve().parents[1] / "gpuclaim/sim/fake_nvidia_smi.py"
+FAKE_NVML = FAKE_SMI.with_name("fake_pynvml.py")
 DEFAULT_GPU: dict[str, Any] = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
 DRIVER_VERSION = "550.54.15"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -192,6 +193,7 @@ class Testbed:
         self.jump_host: Optional[str] = info.get("jump")
         self.gpus: int = int(info.get("gpus", 4))
         self.delay_ms: int = int(info.get("delay_ms", 0))
+        self.nvml: bool = bool(info.get("nvml", False))
         self.user: str = info.get("user") or pwd.getpwuid(os.getuid()).pw_name
         self.ports: dict[str, int] = {k: int(v) for k, v in info.get("ports", {}).items()}
         self.proxy_ports: dict[str, int] = {
@@ -239,8 +241,11 @@ class Testbed:
         gpus: int = 4,
         delay_ms: int = 0,
         jump: bool = False,
+        nvml: bool = False,
     ) -> Testbed:
-        """Start ``n`` nodes of ``gpus`` GPUs each; a failure tears down what it started."""
+        """Start ``n`` nodes of ``gpus`` GPUs each; a failure tears down what it started.
+        With ``nvml``, the nodes' Python also finds the simulated GPUs' NVML face as
+        ``pynvml`` (a node with a driver); else they have only ``nvidia-smi``."""
         if n < 1 or gpus < 0 or delay_ms < 0:
             raise TestbedError(f"bad testbed size: n={n} gpus={gpus} delay_ms={delay_ms}")
         require_tools()
@@ -256,6 +261,7 @@ class Testbed:
             "jump": JUMP if jump else None,
             "gpus": gpus,
             "delay_ms": delay_ms,
+            "nvml": nvml,
             "user": pwd.getpwuid(os.getuid()).pw_name,
             "created_by": os.getpid(),
         }
@@ -299,6 +305,10 @@ class Testbed:
         smi = self.dir / "bin" / "nvidia-smi"
         shutil.copyfile(FAKE_SMI, smi)
         smi.chmod(0o755)
+        if self.nvml:
+            (self.dir / "nvml").mkdir(exist_ok=True)
+            shutil.copyfile(FAKE_SMI, self.dir / "nvml" / "fake_nvidia_smi.py")
+            shutil.copyfile(FAKE_NVML, self.dir / "nvml" / "pynvml.py")
         self._make_keys()
         # sshd as root exits 255 without its privilege separation directory
         with contextlib.suppress(PermissionError):
@@ -366,6 +376,8 @@ class Testbed:
             "HOME": str(ndir / "home"),
             "PATH": f"{self.dir / 'bin'}:{SYSTEM_PATH}",
         }
+        if self.nvml:
+            node_env["PYTHONPATH"] = str(self.dir / "nvml")
         lines = [
             f"# gpuclaim testbed: {name}",
             f"Port {self.ports[name]}",
@@ -905,6 +917,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_up.add_argument("--gpus", type=int, default=4)
     p_up.add_argument("--delay-ms", type=int, default=0, metavar="RTT")
     p_up.add_argument("--jump", action="store_true")
+    p_up.add_argument("--nvml", action="store_true", help="nodes also get a fake pynvml")
     for name, what in (("down", "stop all and remove DIR"), ("status", "show each sshd")):
         sub.add_parser(name, help=what).add_argument("dir", type=Path)
     for name in ("stop-node", "start-node"):
@@ -915,7 +928,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.command == "up":
-            tb = Testbed.up(args.n, args.dir, args.gpus, args.delay_ms, args.jump)
+            tb = Testbed.up(args.n, args.dir, args.gpus, args.delay_ms, args.jump, args.nvml)
             print(tb.dir)
             return 0
         if args.command == "down" and not args.dir.exists():

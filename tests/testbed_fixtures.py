@@ -1,9 +1,9 @@
 """pytest fixtures for the SSH testbed (load with ``pytest_plugins = ["testbed_fixtures"]``).
 
-``make_testbed(n=3, gpus=4, delay_ms=0, jump=False)`` starts a testbed of real sshd nodes and
-tears it down after the test, pass or fail; ``testbed`` is 3 nodes of 4 GPUs.  A machine
-without sshd fails the test with the package to install: SSH is proven in the default run,
-so a missing package must not turn into a silent skip.
+``make_testbed(n=3, gpus=4, delay_ms=0, jump=False, nvml=False)`` starts a testbed of real
+sshd nodes and tears it down after the test, pass or fail; ``testbed`` is 3 nodes of 4 GPUs.
+A machine without sshd fails the test with the package to install: SSH is proven in the
+default run, so a missing package must not turn into a silent skip.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from testbed import MissingTool, Testbed
 
 class MakeTestbed(Protocol):
     def __call__(
-        self, n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False
+        self, n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False, nvml: bool = False
     ) -> Testbed: ...
 
 
@@ -29,9 +29,11 @@ def make_testbed() -> Iterator[MakeTestbed]:
     """Factory of testbeds; every one made is torn down when the test ends."""
     made: list[Testbed] = []
 
-    def make(n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False) -> Testbed:
+    def make(
+        n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False, nvml: bool = False
+    ) -> Testbed:
         try:
-            tb = Testbed.up(n, gpus=gpus, delay_ms=delay_ms, jump=jump)
+            tb = Testbed.up(n, gpus=gpus, delay_ms=delay_ms, jump=jump, nvml=nvml)
         except MissingTool as exc:
             missing = str(exc)
         else:

@@ -3,12 +3,14 @@ content so a node re-receives it only when it changed.
 
 It holds exactly what the node side needs: the modules ``gpuclaim.node.main`` imports,
 directly or not, function-local imports included (found by reading their source), with the
-packages above them. Nothing of the faces, the wiring, SSH or the SLURM export goes along.
+packages above them, and ``vendor/pynvml.py`` (nvidia-ml-py, when this environment has it).
+Nothing of the faces, the wiring, SSH or the SLURM export goes along.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import re
 import zipfile
@@ -16,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpuclaim import __version__
+from gpuclaim.node.probe.nvml import VENDORED
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 ENTRY = "gpuclaim.node.main"
@@ -81,10 +84,21 @@ _MAIN = f"import sys\nfrom {ENTRY} import main\nsys.exit(main())\n".encode()
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
+def vendored_nvml() -> Path | None:
+    """This environment's ``pynvml`` (nvidia-ml-py, BSD-3), which the bundle carries so that
+    a node with a driver but without the bindings still reads NVML in-process."""
+    spec = importlib.util.find_spec("pynvml")  # found, not imported: the CLI stays light
+    origin = spec.origin if spec is not None else None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
 @lru_cache(maxsize=1)
 def _bundle_files() -> tuple[tuple[str, bytes], ...]:
     files = {f"gpuclaim/{name}": (PACKAGE_DIR / name).read_bytes() for name in agent_modules()}
     files["__main__.py"] = _MAIN
+    nvml = vendored_nvml()
+    if nvml is not None:
+        files[f"{VENDORED}/pynvml.py"] = nvml.read_bytes()
     return tuple(sorted(files.items()))
 
 

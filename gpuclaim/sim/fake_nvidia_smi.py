@@ -36,8 +36,9 @@ setting their utilization to ``$GPUCLAIM_FAKE_UTIL_PCT`` (default 100).  Process
 that cannot be read are skipped.
 
 Supported: no arguments (a summary table), ``-L``, ``--query-gpu=``,
-``--query-compute-apps=``, ``--format=csv[,noheader][,nounits]``, ``-i``/``--id=``,
-``--version``.  Headers, units and error messages follow the real tool.
+``--query-compute-apps=``, ``--format=csv[,noheader][,nounits]``, ``-q -x`` (the XML
+report, the parts gpuclaim reads), ``-i``/``--id=``, ``--version``.  Headers, units and
+error messages follow the real tool.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class Exit(Exception):
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     opts: dict[str, Any] = {"mode": "table", "fields": None, "format": None, "ids": None}
+    opts["xml"] = False
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -228,9 +230,15 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
                 opts["ids"] = [t.strip() for t in value.split(",") if t.strip()]
         elif arg in ("-L", "--list-gpus", "--version") and opts["mode"] == "table":
             opts["mode"] = {"-L": "list", "--list-gpus": "list"}.get(arg, "version")
+        elif arg in ("-q", "--query") and opts["mode"] == "table":
+            opts["mode"] = "query"
+        elif arg in ("-x", "--xml-format"):
+            opts["xml"] = True
         else:
             raise Exit(EXIT_USAGE, USAGE)
         i += 1
+    if opts["xml"] != (opts["mode"] == "query"):  # only -q -x: the text form is not simulated
+        raise Exit(EXIT_USAGE, USAGE)
     if opts["mode"] in ("gpu", "apps"):
         fmt = opts["format"]
         if not fmt or "csv" not in fmt or not set(fmt) <= {"csv", "noheader", "nounits"}:
@@ -437,6 +445,63 @@ def summary(ctx: Context, gpus: list[SimGpu], node: str) -> list[str]:
     return lines
 
 
+def query_xml(ctx: Context, gpus: list[SimGpu]) -> list[str]:
+    """``-q -x``: the elements of the real DTD (v12) that describe identity, memory,
+    utilization, MIG mode and processes, in the real nesting and with the real units."""
+
+    def mib(value: Optional[int]) -> str:
+        return "N/A" if value is None else f"{value} MiB"
+
+    when = dt.datetime.now().strftime("%a %b %d %H:%M:%S %Y")
+    lines = [
+        '<?xml version="1.0" ?>',
+        '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">',
+        "<nvidia_smi_log>",
+        f"\t<timestamp>{when}</timestamp>",
+        f"\t<driver_version>{_xml(ctx.driver)}</driver_version>",
+        f"\t<attached_gpus>{len(ctx.gpus)}</attached_gpus>",
+    ]
+    for g in gpus:
+        mode = "Enabled" if g.mig else "Disabled"
+        util = "N/A" if g.utilization is None else f"{g.utilization} %"
+        lines += [
+            f'\t<gpu id="{g.bus_id}">',
+            f"\t\t<product_name>{_xml(g.name)}</product_name>",
+            f"\t\t<mig_mode>\n\t\t\t<current_mig>{mode}</current_mig>",
+            f"\t\t\t<pending_mig>{mode}</pending_mig>\n\t\t</mig_mode>",
+            "\t\t<mig_devices>\n\t\t\tNone\n\t\t</mig_devices>",
+            f"\t\t<uuid>{g.uuid}</uuid>",
+            f"\t\t<minor_number>{g.index}</minor_number>",
+            f"\t\t<pci>\n\t\t\t<pci_bus_id>{g.bus_id}</pci_bus_id>\n\t\t</pci>",
+            "\t\t<fb_memory_usage>",
+            f"\t\t\t<total>{mib(g.total)}</total>",
+            f"\t\t\t<reserved>{mib(None if g.total is None else 0)}</reserved>",
+            f"\t\t\t<used>{mib(g.used)}</used>",
+            f"\t\t\t<free>{mib(g.free)}</free>",
+            "\t\t</fb_memory_usage>",
+            f"\t\t<utilization>\n\t\t\t<gpu_util>{util}</gpu_util>\n\t\t</utilization>",
+            "\t\t<processes>",
+        ]
+        for p in g.processes:
+            lines += [
+                "\t\t\t<process_info>",
+                "\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>",
+                "\t\t\t\t<compute_instance_id>N/A</compute_instance_id>",
+                f"\t\t\t\t<pid>{p.pid}</pid>",
+                f"\t\t\t\t<type>{_xml(p.kind)}</type>",
+                f"\t\t\t\t<process_name>{_xml(p.name)}</process_name>",
+                f"\t\t\t\t<used_memory>{mib(p.used_mib)}</used_memory>",
+                "\t\t\t</process_info>",
+            ]
+        lines += ["\t\t</processes>", "\t</gpu>"]
+    lines.append("</nvidia_smi_log>")
+    return lines
+
+
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def run(argv: list[str]) -> list[str]:
     opts = parse_args(argv)
     if opts["mode"] == "version":
@@ -461,6 +526,8 @@ def run(argv: list[str]) -> list[str]:
     if opts["mode"] == "apps":
         rows = [(ctx, g, p) for g in gpus for p in g.processes if "C" in p.kind]
         return csv_lines(opts["fields"], APP_FIELDS, APP_ALIASES, rows, opts["format"])
+    if opts["mode"] == "query":
+        return query_xml(ctx, gpus)
     return summary(ctx, gpus, node)
 
 

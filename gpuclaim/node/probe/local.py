@@ -16,15 +16,7 @@ from typing import Optional
 from gpuclaim.core.errors import ProbeError
 from gpuclaim.core.model import NodeInventory
 from gpuclaim.node.probe.owners import process_user
-from gpuclaim.node.probe.smi_parse import (
-    APP_QUERY_FIELDS,
-    GPU_QUERY_FIELDS,
-    attach_processes,
-    looks_like_no_driver,
-    parse_compute_apps,
-    parse_driver_version,
-    parse_query_gpu,
-)
+from gpuclaim.node.probe.smi_parse import looks_like_no_driver, parse_query_xml
 
 NO_DRIVER = "no NVIDIA driver: NVML does not load and nvidia-smi is not installed"
 
@@ -75,29 +67,23 @@ def probe_nvidia_smi(
     env: Optional[Mapping[str, str]] = None,
     timeout: float = 10.0,
 ) -> NodeInventory:
-    """Two queries (GPUs, compute apps) with a timeout each: nvidia-smi can hang."""
-    queries = (
-        [f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
-        [f"--query-compute-apps={','.join(APP_QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
-    )
-    # Both at once: each nvidia-smi call pays the driver's start-up on its own.
-    procs = [_start_smi(smi, q, env) for q in queries]
+    """One ``nvidia-smi -q -x`` (GPUs and their processes), with a timeout: nvidia-smi can
+    hang, and each call pays the driver's start-up (seconds without persistence mode)."""
+    proc = _start_smi(smi, ["-q", "-x"], env)
     try:
-        gpu_text = _finish_smi(procs[0], timeout)
-        app_text = _finish_smi(procs[1], timeout)
+        text = _finish_smi(proc, timeout)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     try:
-        gpus = parse_query_gpu(gpu_text, node, GPU_QUERY_FIELDS)
-        apps = parse_compute_apps(app_text, APP_QUERY_FIELDS)
+        gpus, driver = parse_query_xml(text, node)
     except ValueError as exc:
         raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
-    driver = parse_driver_version(gpu_text, GPU_QUERY_FIELDS)
-    apps = [replace(p, user=process_user(p.pid)) for p in apps]
-    gpus = attach_processes(gpus, apps)
+    gpus = [
+        replace(g, processes=tuple(replace(p, user=process_user(p.pid)) for p in g.processes))
+        for g in gpus
+    ]
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
 
 

@@ -9,6 +9,8 @@ is a :class:`~gpuclaim.core.errors.ProbeError`; per-device queries a part does n
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.core.errors import ProbeError
@@ -28,12 +30,37 @@ def keep_initialised() -> None:
     _keep["on"] = True
 
 
-def probe_nvml(node: str) -> NodeInventory:
-    """All GPUs of this machine, with their compute and graphics processes."""
+VENDORED = "vendor"  # the bundle's directory that carries nvidia-ml-py to nodes without it
+
+
+def bindings() -> Any:
+    """``pynvml``: the node's own if it has one, else the copy the agent bundle carries,
+    but only where the driver's library loads (so a node without a GPU pays no import)."""
     try:
         import pynvml
+
+        return pynvml
     except ImportError as exc:
-        raise ProbeError(f"NVML bindings not installed: {exc}") from exc
+        missing = exc
+    vendored = Path(__file__).resolve().parents[3] / VENDORED
+    if not (vendored / "pynvml.py").is_file():
+        raise ProbeError(f"NVML bindings not installed: {missing}")
+    import ctypes  # here: the CLI imports this module for VENDORED alone
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        raise ProbeError(f"NVML library not found: {exc}") from None
+    if str(vendored) not in sys.path:
+        sys.path.append(str(vendored))  # last: never shadows anything of the node's
+    import pynvml
+
+    return pynvml
+
+
+def probe_nvml(node: str) -> NodeInventory:
+    """All GPUs of this machine, with their compute and graphics processes."""
+    pynvml = bindings()
     if not _keep["ready"]:
         try:
             pynvml.nvmlInit()
