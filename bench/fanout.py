@@ -4,13 +4,16 @@
     python bench/fanout.py [--nodes 1,4,16] [--repeat 5] [--delay-ms 0]
 
 For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`` runs:
-  seq-ssh   for h in nodes: ssh -F cfg $h nvidia-smi --query-gpu=... (the by-hand loop)
-  pdsh      pdsh -R ssh -w node[01-N] nvidia-smi ... (if pdsh is installed)
+  seq-ssh   for h in nodes: ssh -F cfg $h 'nvidia-smi --query-gpu=...; nvidia-smi
+            --query-compute-apps=...' (the by-hand loop: GPUs and who is on them)
+  pdsh      pdsh -R ssh -w node[01-N] the same two queries (if pdsh is installed)
   cold      gpuclaim status --json in a new process (new connections, agent cached)
   warm      one more probe of all nodes on the connections a long-lived process keeps (board)
   first-cm  ssh_client = "openssh", first call of the day: no master, no agent, no cache
   warm-cm   ssh_client = "openssh" after a warm-up: masters and warm agents up, new process
 and prints the table plus ratios. Machines are noisy: read the ratios, not lone absolutes.
+The nodes have a driver (the simulator's NVML face on their Python path, as a real node has
+libnvidia-ml), so gpuclaim reads NVML in-process; ``--smi-only`` takes it away.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from testbed import Testbed  # noqa: E402
 
 from gpuclaim.app.configfile import render_config  # noqa: E402
 
+# What a look at the cluster needs: the GPUs and who runs on them (the issue's baseline).
 QUERY = (
-    "nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu"
+    "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu"
+    " --format=csv,noheader,nounits;"
+    " nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory"
     " --format=csv,noheader,nounits"
 )
 
@@ -58,9 +64,14 @@ def run(argv: list[str], env: dict[str, str], lines: int) -> None:
 
 
 def bench_n(
-    n: int, repeat: int, delay_ms: int, work: Path, clients: tuple[str, ...] = ("fabric",)
+    n: int,
+    repeat: int,
+    delay_ms: int,
+    work: Path,
+    clients: tuple[str, ...] = ("fabric",),
+    nvml: bool = True,
 ) -> dict[str, float]:
-    tb = Testbed.up(n, gpus=4, delay_ms=delay_ms)
+    tb = Testbed.up(n, gpus=4, delay_ms=delay_ms, nvml=nvml)
     try:
         cfg = tb.ssh_config_delayed if delay_ms else tb.ssh_config
         env = {**os.environ, **tb.env(delayed=bool(delay_ms))}
@@ -154,11 +165,19 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="Print one JSON line at the end.")
     ap.add_argument("--clients", default="fabric,openssh", help="gpuclaim SSH clients to time.")
+    ap.add_argument(
+        "--smi-only",
+        action="store_true",
+        help="Nodes without NVML bindings' library: gpuclaim must run nvidia-smi too.",
+    )
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
     clients = tuple(args.clients.split(","))
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
-        table = {n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), clients) for n in sizes}
+        table = {
+            n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), clients, not args.smi_only)
+            for n in sizes
+        }
     if args.json:
         import json
 
@@ -167,7 +186,8 @@ def main() -> None:
     methods = list(next(iter(table.values())))
     print(
         f"\nfan-out, median of {args.repeat}, seconds "
-        f"(RTT {args.delay_ms} ms, {os.cpu_count()} CPUs)"
+        f"(RTT {args.delay_ms} ms, {os.cpu_count()} CPUs, "
+        f"nodes {'with nvidia-smi only' if args.smi_only else 'with NVML'})"
     )
     print("method    " + "".join(f"{'N=' + str(n):>10}" for n in sizes))
     for m in methods:
