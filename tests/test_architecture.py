@@ -6,6 +6,7 @@ forwarded whole (docs/ARCHITECTURE.md). The layer order itself is import-linter'
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import io
 import json
@@ -167,7 +168,10 @@ def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == {"result": None}, proc.stderr
     assert (tmp_path / "s" / "VERSION").is_file()
     names = set(zipfile.ZipFile(io.BytesIO(blob)).namelist())
-    assert names == {f"gpuclaim/{m}" for m in modules} | {"__main__.py", "vendor/pynvml.py"}
+    sources = {f"gpuclaim/{m}" for m in modules} | {"__main__.py", "vendor/pynvml.py"}
+    # ... and each one's bytecode for this Python, so a node of the same version compiles nothing
+    compiled = {importlib.util.cache_from_source(name) for name in sources}
+    assert names == sources | compiled
 
 
 def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path) -> None:

@@ -411,3 +411,22 @@ def test_openssh_transport_reads_the_same_ssh_config_as_everything_else(testbed,
     proc = c.cli("status", "--json", HOME=str(home))
     assert proc.returncode == 0, proc.stderr
     assert {r["state"] for r in json.loads(proc.stdout)} == {"free"}
+
+
+def test_a_node_where_the_agent_cannot_be_installed_is_one_line(testbed, make_remote):
+    """~/.cache/gpuclaim is a file on node02: that node's rows say why, the others answer."""
+    cache = testbed.node_dir("node02") / "home" / ".cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "gpuclaim").write_text("not a directory\n")
+    c = make_remote(testbed)
+    proc = c.cli("status", "--json")
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {r["node"] for r in rows if r["state"] != "unreachable"} == {"node01", "node03"}
+    (reason,) = {r["reason"] for r in rows if r["node"] == "node02"}
+    assert reason.startswith("node02: cannot install the gpuclaim agent in ~/.cache/gpuclaim:")
+    assert reason.endswith("File exists") and "\n" not in reason
+    text = c.cli("status")
+    assert text.returncode == 4 and "Traceback" not in text.stderr
+    assert "node02: cannot install the gpuclaim agent" in text.stdout
+    assert (cache / "gpuclaim").read_text() == "not a directory\n"  # nothing of the user's lost

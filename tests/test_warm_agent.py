@@ -47,7 +47,8 @@ def _agents(testbed: Any) -> list[tuple[int, str]]:
         except OSError:
             continue
         mine = testbed is None or any(a.startswith(str(testbed.dir).encode()) for a in argv)
-        if mine and b"serve" in argv and any(b"gpuclaim" in a for a in argv):
+        serving = any(a in (b"serve", b"serve-and") for a in argv)  # forked from serve-and
+        if mine and serving and any(b"gpuclaim" in a for a in argv):
             found.append((int(entry.name), " ".join(a.decode() for a in argv)))
     return found
 

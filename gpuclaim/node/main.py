@@ -3,7 +3,8 @@
 - ``wrap SPEC``: the job wrapper of one rank (started inside its tmux session);
 - ``keep-queue SPEC``: the queue keeper of this node (started detached);
 - ``serve-ensure VERSION IDLE``: the warm agent's socket, started if need be (``server``);
-- ``serve-and VERSION IDLE``: one request answered here, the warm agent started meanwhile;
+- ``serve-and VERSION IDLE``: one request answered here, then this process becomes the warm
+  agent (forked, detached) if none runs;
 - ``serve VERSION IDLE``: the warm agent itself;
 - otherwise one agent request: a JSON object on stdin, a JSON object on stdout.
 """
@@ -30,8 +31,9 @@ def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] in ("serve", "serve-ensure"):
         return _serve(sys.argv[1], sys.argv[2], float(sys.argv[3]))
     warm: dict[str, Any] = {}
+    fork = False
     if len(sys.argv) == 4 and sys.argv[1] == "serve-and":
-        warm = _start_warm(sys.argv[2], float(sys.argv[3]))
+        warm, fork = _warm_agent(sys.argv[2])
     raw = sys.stdin.buffer.read()
     try:
         request = json.loads(raw.decode("utf-8") or "{}")
@@ -47,19 +49,26 @@ def main() -> int:
         response["warm"] = warm
     sys.stdout.write(json.dumps(response, separators=(",", ":")) + "\n")
     sys.stdout.flush()
+    if fork:
+        from gpuclaim.node import server
+
+        server.become_server(sys.argv[2], float(sys.argv[3]))
     return 0
 
 
-def _start_warm(version: str, idle_s: float) -> dict[str, Any]:
-    """Start this node's warm agent for the next requests (not waited for)."""
+def _warm_agent(version: str) -> tuple[dict[str, Any], bool]:
+    """This node's warm agent for the next requests: (what to tell the caller, whether this
+    process must become it once it has answered)."""
     from gpuclaim.core.errors import GpuclaimError
     from gpuclaim.node import server
-    from gpuclaim.node.home import agent_entry
 
     try:
-        return server.ensure(version, idle_s, agent_entry(), wait=False)
+        up = server.running(version)
+        if up is not None:
+            return up, False
+        return {"socket": str(server.socket_path(version)), "started": True}, True
     except (GpuclaimError, OSError) as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc)}, False
 
 
 def _serve(command: str, version: str, idle_s: float) -> int:

@@ -172,12 +172,10 @@ def ask(path: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str,
 def ensure(version: str, idle_s: float, entry: list[str], wait: bool = True) -> dict[str, Any]:
     """The socket of a running server of ``version``, starting one if there is none (without
     ``wait``: started, not waited for; the caller answers its request meanwhile)."""
+    up = running(version)
+    if up is not None:
+        return up
     path = socket_path(version)
-    try:
-        ask(path, {"op": "ping"}, timeout=2.0)
-        return {"socket": str(path), "started": False}
-    except OSError:
-        pass
     log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
     try:
         subprocess.Popen(
@@ -202,6 +200,43 @@ def ensure(version: str, idle_s: float, entry: list[str], wait: bool = True) -> 
             last = exc
             time.sleep(0.02)
     raise GpuclaimError(f"the warm agent did not start: {last}")
+
+
+def running(version: str) -> Optional[dict[str, Any]]:
+    """The socket of a running server of ``version`` (it answered a ping), else None."""
+    path = socket_path(version)
+    try:
+        ask(path, {"op": "ping"}, timeout=2.0)
+    except OSError:
+        return None
+    return {"socket": str(path), "started": False}
+
+
+def become_server(version: str, idle_s: float) -> None:
+    """Fork this process into the warm agent, detached (own session, no terminal, its
+    output to the log), and return in the parent. The one-shot agent that just answered has
+    everything imported already: a fork costs far less than starting Python again."""
+    path = socket_path(version)
+    log = os.open(str(path.with_suffix(".log")), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(log)
+        raise
+    if pid:
+        os.close(log)
+        return
+    code = 1
+    try:
+        os.setsid()  # outlives the SSH session that started it
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)  # the SSH channel's pipes closed here: the session can end
+        os.chdir(str(Path.home()))
+        code = serve(version, idle_s)
+    finally:
+        os._exit(code)
 
 
 def serve(version: str, idle_s: float) -> int:

@@ -60,8 +60,22 @@ class AgentClient:
         command = self._command(arguments)
         result = self.pool.run(alias, command, stdin, timeout)
         if result.exit_code == _MISSING and self.agent_command is None:
-            self._upload(alias, timeout)
-            result = self.pool.run(alias, command, stdin, timeout)
+            # One more round trip: the bundle and then the request on stdin, unpacked and
+            # answered by one python3 (no separate unpack, no compileall).
+            version, blob = agent_bundle()
+            boot = _INSTALL_AND_RUN.encode()
+            command = (
+                f'c="$HOME/.cache/gpuclaim"; mkdir -p "$c" || exit {_CANNOT_INSTALL}; '
+                f'exec python3 -c {shlex.quote(_LOADER)} {len(boot)} "$c/agent-{version}" '
+                f"{arguments}"
+            ).rstrip()
+            framed = boot + f"{len(blob)}\n".encode() + blob + stdin
+            result = self.pool.run(alias, command, framed, timeout)
+            if result.exit_code == _CANNOT_INSTALL:
+                raise UnreachableError(
+                    f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: "
+                    + _first_line(result.stderr)
+                )
         return _response(alias, result.exit_code, result.stdout, result.stderr)
 
     def _command(self, arguments: str = "") -> str:
@@ -71,26 +85,59 @@ class AgentClient:
         run = f'exec python3 "$d" {arguments}'.rstrip()
         return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; {run}'
 
-    def _upload(self, alias: str, timeout: float) -> None:
-        """Unpack the agent into a versioned directory, compiled once: a zip on the path
-        would be recompiled on every call (zipimport never caches bytecode)."""
-        version, blob = agent_bundle()
-        target = shlex.quote(f"agent-{version}")
-        unpack = shlex.quote(
-            "import io,sys,zipfile; "
-            "zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(sys.argv[1])"
-        )
-        script = (
-            'c="$HOME/.cache/gpuclaim" && mkdir -p "$c" && t=$(mktemp -d "$c/.agent.XXXXXX") '
-            f'&& python3 -c {unpack} "$t" && python3 -m compileall -q "$t" >/dev/null '
-            f'&& chmod -R go+rX "$t" && {{ mv -T "$t" "$c/"{target} 2>/dev/null || rm -rf "$t"; }}'
-        )
-        result = self.pool.run(alias, script, blob, timeout)
-        if result.exit_code != 0:
-            raise UnreachableError(
-                f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: "
-                + _first_line(result.stderr)
-            )
+
+_CANNOT_INSTALL = 118
+# What the node's python3 (3.9+) runs as ``-c LOADER LENGTH AGENT_DIR ARGUMENTS...``: short,
+# because it is what ``ps`` shows; it reads the installer below from stdin and runs it.
+_LOADER = (
+    "import os,sys\n"
+    'n=int(sys.argv[1]);b=b""\n'
+    "while len(b)<n:b+=os.read(0,n-len(b)) or sys.exit(1)\n"
+    "exec(b)"
+)
+# The installer reads "LENGTH\n" and the zip from stdin with os.read (exactly, leaving the
+# request after it unread), unpacks it into a temporary dir renamed into place (atomic: a
+# racing install of the same version just loses), then runs the agent in this same
+# interpreter (no second Python start, no compileall: the bundle carries bytecode).
+_INSTALL_AND_RUN = """\
+import sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]  # -c puts the current directory first; python3 DIR would not
+import io, os, runpy, shutil, tempfile, zipfile
+def take(n):
+    got = b""
+    while len(got) < n:
+        part = os.read(0, n - len(got))
+        if not part:
+            sys.exit("the agent bundle was cut short")
+        got += part
+    return got
+head = b""
+while not head.endswith(b"\\n"):
+    head += take(1)
+blob = take(int(head))
+agent = sys.argv[2]
+cache = os.path.dirname(agent)
+if not os.path.isfile(os.path.join(agent, "__main__.py")):
+    try:
+        tmp = tempfile.mkdtemp(prefix=".agent.", dir=cache)
+        zipfile.ZipFile(io.BytesIO(blob)).extractall(tmp)
+        for root, dirs, files in os.walk(tmp):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o755)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+        os.chmod(tmp, 0o755)
+    except OSError as exc:
+        sys.stderr.write("%s\\n" % exc)
+        sys.exit(118)
+    try:
+        os.rename(tmp, agent)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+sys.argv = [agent] + sys.argv[3:]
+runpy.run_path(agent, run_name="__main__")
+"""
 
 
 def _response(alias: str, code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
