@@ -87,6 +87,31 @@ def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, r
     assert _connects(forwarded)  # a new master forwards it again
 
 
+def test_an_agent_gone_while_its_master_lives_comes_back_warm(testbed, make_remote, runtime):
+    """The warm agent exits (idle, killed) but the master still holds the forwarding: the
+    next look restarts it and forwards again, and the node does not drop to the slow path."""
+    c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
+    c.json("status")
+    (before,) = _agents(testbed)
+    os.kill(before[0], 9)
+    _wait_gone(before[0])
+    for _ in range(3):  # the first of these restarts it; none may turn the warm path off
+        assert {r["state"] for r in c.json("status")} == {"free"}
+    assert not list((runtime / "gpuclaim-cm" / "w").glob("w-*.off"))
+    (after,) = _agents(testbed)
+    assert after[0] != before[0]
+    (forwarded,) = (runtime / "gpuclaim-cm" / "w").glob("w-*.sock")
+    assert _connects(forwarded)
+    assert c.json("doctor", "--json")[0]["path"].startswith("warm agent")
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.05)
+
+
 def test_no_forwarding_allowed_falls_back_to_the_one_shot_agent(testbed, make_remote, runtime):
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
     sshd_config = testbed.node_dir("node01") / "sshd_config"

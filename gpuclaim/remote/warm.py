@@ -153,12 +153,24 @@ class WarmAgents:
         for old in self._dir.glob(f"w-{self._key(alias)}-*.sock"):
             with contextlib.suppress(OSError):
                 old.unlink()  # a dead master's socket, or another version's
-        proc = subprocess.run(
-            [*self.pool.base, "-O", "forward", "-L", f"{local}:{remote}", "--", alias],
+        spec = f"{local}:{remote}"
+        proc = self._master(alias, "forward", spec, timeout)
+        if proc.returncode == 0 and not local.exists():
+            # The master still holds this forwarding (its agent went away and came back,
+            # or the socket file was removed): it answers "done" without making the
+            # socket again. Cancel it and forward anew.
+            self._master(alias, "cancel", spec, timeout)
+            proc = self._master(alias, "forward", spec, timeout)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or ["ssh -O forward failed"])[-1]
+            raise _NotSent(f"the SSH master cannot forward to it: {reason}")
+
+    def _master(
+        self, alias: str, command: str, spec: str, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.pool.base, "-O", command, "-L", spec, "--", alias],
             capture_output=True,
             text=True,
             timeout=timeout,
         )
-        if proc.returncode != 0:
-            reason = (proc.stderr.strip().splitlines() or ["ssh -O forward failed"])[-1]
-            raise _NotSent(f"the SSH master cannot forward to it: {reason}")
