@@ -578,3 +578,31 @@ def _screen_of(env, argv, until="tick-from-job", timeout=20.0):
         return screen
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+
+
+def test_a_followers_read_waits_on_the_node_for_the_next_line(tmp_path, monkeypatch):
+    """logs -f / run --follow ask the node to wait for the log to grow (a long poll), so a
+    line reaches the follower as it is written, not at the follower's next round trip."""
+    import threading
+
+    from gpuclaim.core.errors import GpuclaimError
+    from gpuclaim.node.home import jobs_home
+    from gpuclaim.node.runner import read_log
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("GPUCLAIM_JOBS_DIR", raising=False)
+    log = jobs_home() / "j-1" / "rank0" / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("first\n")
+    assert read_log(str(log), 0, wait_s=10)["data"] == "first\n"  # data there: no wait
+    writer = threading.Timer(0.3, lambda: log.open("a").write("second\n"))
+    writer.start()
+    t0 = time.monotonic()
+    chunk = read_log(str(log), 6, wait_s=20)
+    assert chunk == {"data": "second\n", "offset": 13, "size": 13}
+    assert time.monotonic() - t0 < 10  # woke up on the write, long before its 20 s
+    t0 = time.monotonic()
+    assert read_log(str(log), 13, wait_s=0.3)["data"] == ""  # nothing new: ends on time
+    assert 0.25 < time.monotonic() - t0 < 10
+    with pytest.raises(GpuclaimError, match="no job log"):
+        read_log(str(tmp_path / "elsewhere.log"), 0, wait_s=5)  # outside: refused at once

@@ -284,6 +284,7 @@ def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False)
     r = job.ranks[rank]
     node = st.config.node(r.node)
     next_look = time.monotonic() + LOOK_EVERY_S
+    wait_s = 0.0  # the first read answers at once; then the node waits for the next line
     try:
         while True:
             job = reload_job(st.store, job)
@@ -293,17 +294,19 @@ def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False)
                 if observed_state(job, st.store.snapshot().claims) == "lost":
                     job, final = job.with_(state="lost"), True
             try:
-                chunk = st.ops.read_log(node, r.log or "", offset=offset)
+                chunk = st.ops.read_log(node, r.log or "", offset=offset, wait_s=wait_s)
             except UnreachableError:
                 if final:
                     break  # the rest of the log is on a node we cannot reach now
                 chunk = {"data": "", "offset": offset}  # it may come back; heartbeats tell
+                time.sleep(FOLLOW_POLL_S)
             _write(chunk["data"])
             offset = int(chunk["offset"])
             if final and not chunk["data"]:
                 break
-            if not chunk["data"]:
-                time.sleep(FOLLOW_POLL_S)
+            # nothing new: the next read waits on the node (the job's state is read again
+            # between reads, so its end is seen within FOLLOW_POLL_S)
+            wait_s = 0.0 if chunk["data"] or final else FOLLOW_POLL_S
     except KeyboardInterrupt:
         sys.stderr.write(
             f"\ngpuclaim: stopped following; job {job.name} goes on "

@@ -72,9 +72,12 @@ class NodeOps:
         return bool(self._call(node, "stop_session", session=session))
 
     def read_log(
-        self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0
+        self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0, wait_s: float = 0.0
     ) -> dict[str, Any]:
-        return dict(self._call(node, "read_log", path=path, offset=offset, tail_lines=tail))
+        """``wait_s``: the node waits that long for the log to grow past ``offset``."""
+        return dict(
+            self._call(node, "read_log", path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
+        )
 
     def facts(self, node: NodeConfig) -> dict[str, Any]:
         return dict(self._call(node, "node_facts"))

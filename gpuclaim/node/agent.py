@@ -142,7 +142,10 @@ def _read_log(request: dict[str, Any]) -> Any:
     from gpuclaim.node.runner import read_log
 
     return read_log(
-        str(request["path"]), int(request.get("offset", 0)), int(request.get("tail_lines", 0))
+        str(request["path"]),
+        int(request.get("offset", 0)),
+        int(request.get("tail_lines", 0)),
+        wait_s=float(request.get("wait_s", 0.0)),
     )
 
 

@@ -58,13 +58,33 @@ def stop_session(session: str) -> bool:
     return True
 
 
+MAX_LOG_WAIT_S = 30.0
+LOG_POLL_S = 0.02  # a local stat: cheap, and what a follower's latency is made of
+
+
 def read_log(
-    path: str, offset: int = 0, tail_lines: int = 0, limit: int = 1 << 20
+    path: str,
+    offset: int = 0,
+    tail_lines: int = 0,
+    limit: int = 1 << 20,
+    wait_s: float = 0.0,
 ) -> dict[str, Any]:
-    """A slice of a log: from ``offset``, or its last ``tail_lines`` lines."""
+    """A slice of a log: from ``offset``, or its last ``tail_lines`` lines. With ``wait_s``,
+    waits that long for the log to grow past ``offset`` first (a follower's long poll: the
+    next line reaches it within a few ms, not at its next round trip)."""
     p = Path(path)
     # Only our own job logs: this op must not become a way to read any file on the node.
-    if not p.resolve().is_relative_to(jobs_home().resolve()) or not p.is_file():
+    if not p.resolve().is_relative_to(jobs_home().resolve()):
+        raise GpuclaimError(f"no job log at {path}")
+    deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_LOG_WAIT_S)
+    while not tail_lines and time.monotonic() < deadline:
+        try:
+            if p.stat().st_size > offset:
+                break
+        except OSError:
+            pass  # not written yet: the job is starting
+        time.sleep(LOG_POLL_S)
+    if not p.is_file():
         raise GpuclaimError(f"no job log at {path}")
     size = p.stat().st_size
     with open(p, "rb") as fh:
