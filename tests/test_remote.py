@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import gpu
 
 
@@ -430,3 +431,21 @@ def test_a_node_where_the_agent_cannot_be_installed_is_one_line(testbed, make_re
     assert text.returncode == 4 and "Traceback" not in text.stderr
     assert "node02: cannot install the gpuclaim agent" in text.stdout
     assert (cache / "gpuclaim").read_text() == "not a directory\n"  # nothing of the user's lost
+
+
+@pytest.mark.parametrize("nvml", [False, True])
+def test_doctor_names_the_gpus_whose_persistence_mode_is_off(make_testbed, make_remote, nvml):
+    """Without persistence mode every nvidia-smi call (and NVML start) wakes the driver: the
+    slow part of a look on real nodes. doctor says which GPUs, and the fix, on both paths."""
+    tb = make_testbed(2, 2, nvml=nvml)
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
+    tb.set_gpus("node02", [dict(gpu), dict(gpu, persistence=False)])
+    c = make_remote(tb)
+    proc = c.cli("doctor")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if "persistence mode" in ln]
+    assert line.strip().startswith("node02: persistence mode is off on GPU 1:"), line
+    assert "fix: sudo nvidia-smi -pm 1" in proc.stdout
+    report = {h["node"]: h for h in json.loads(c.cli("doctor", "--json").stdout)}
+    assert report["node01"]["problems"] == []
+    assert report["node02"]["gpu_source"] == ("nvml" if nvml else "nvidia-smi")

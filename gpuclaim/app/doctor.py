@@ -112,6 +112,15 @@ def _judge(
         )
     elif inv is not None and not inv.gpus:
         h.problems.append(("no GPUs found", "check nvidia-smi -L on the node"))
+    off = facts.get("persistence_off")
+    if off:
+        h.problems.append(
+            (
+                f"persistence mode is off on GPU {','.join(str(i) for i in off)}: every "
+                "nvidia-smi call and NVML start wakes the driver (seconds each on big nodes)",
+                "sudo nvidia-smi -pm 1 (or enable the nvidia-persistenced service)",
+            )
+        )
     storage = facts.get("storage")
     if storage is not None:
         seen_id = storage.get("id")

@@ -72,6 +72,14 @@ def _doctor(request: dict[str, Any]) -> dict[str, Any]:
     except ImportError:
         facts["pynvml"] = False
     facts["inventory"] = _probe(request) if request.get("node") else None
+    if facts["inventory"]:
+        from gpuclaim.node.probe.persistence import persistence_off
+
+        facts["persistence_off"] = persistence_off(
+            str(facts["inventory"].get("source")),
+            tuple(request.get("nvidia_smi") or ()),
+            dict(request.get("env") or {}),
+        )
     root = request.get("storage")
     if root:
         facts["storage"] = _storage_facts(Path(str(root)))

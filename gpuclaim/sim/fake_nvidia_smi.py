@@ -18,10 +18,11 @@ State: the JSON file named by ``$GPUCLAIM_SIM_STATE``; this node is ``$GPUCLAIM_
                                                    "type": "C"}]}]}}}
 
 Every key but ``nodes`` is optional; ``"gpus": 4`` is short for four default H100s.
-``memory_total_mib: null`` prints ``[N/A]`` like a unified-memory GB10.  A GPU's
-``memory.used`` is ``memory_used_mib`` (a baseline) plus the memory of its listed
-processes and of live jobs.  A GPU's UUID is :func:`sim_uuid` of node and index and its
-bus id is ``00000000:<index+1>:00.0``.  Writers should replace the file atomically
+``memory_total_mib: null`` prints ``[N/A]`` like a unified-memory GB10;
+``"persistence": false`` reports persistence mode off.  A GPU's ``memory.used`` is
+``memory_used_mib`` (a baseline) plus the memory of its listed processes and of live jobs.
+A GPU's UUID is :func:`sim_uuid` of node and index and its bus id is
+``00000000:<index+1>:00.0``.  Writers should replace the file atomically
 (write a temp file, then rename).
 
 A node with ``"fail": true``, a missing state file or a node not in it behaves like a
@@ -98,6 +99,7 @@ class SimGpu:
         self.base_used = int(spec.get("memory_used_mib") or 0)
         self.util = int(spec.get("utilization_pct") or 0)
         self.mig = bool(spec.get("mig", False))
+        self.persistence = bool(spec.get("persistence", True))
         self.processes = [
             SimProcess(
                 int(p["pid"]),
@@ -153,7 +155,7 @@ GPU_FIELDS: dict[str, tuple[Optional[str], Getter]] = {
     "uuid": (None, lambda c, g: g.uuid),
     "pci.bus_id": (None, lambda c, g: g.bus_id),
     "index": (None, lambda c, g: g.index),
-    "persistence_mode": (None, lambda c, g: "Enabled"),
+    "persistence_mode": (None, lambda c, g: "Enabled" if g.persistence else "Disabled"),
     "pstate": (None, lambda c, g: "P0" if g.util else "P8"),
     "memory.total": ("MiB", lambda c, g: g.total),
     "memory.reserved": ("MiB", lambda c, g: None if g.total is None else 0),

@@ -144,6 +144,10 @@ def nvmlDeviceGetMigMode(handle: smi.SimGpu) -> list[int]:
     return [mode, mode]
 
 
+def nvmlDeviceGetPersistenceMode(handle: smi.SimGpu) -> int:
+    return 1 if handle.persistence else 0
+
+
 def nvmlDeviceGetPciInfo(handle: smi.SimGpu) -> _Struct:
     return _Struct(busId=handle.bus_id)
 
