@@ -127,7 +127,7 @@ def bench_idle(
     if transport == "ssh":
         from testbed import Testbed
 
-        testbed = Testbed.up(nodes, gpus=gpus)
+        testbed = Testbed.up(nodes, gpus=gpus, nvml=True)  # nodes with a driver
         (root / "store").mkdir()  # as an admin makes a store's directory
         config = render_config(
             cluster="bench",
@@ -147,11 +147,13 @@ def bench_idle(
         config = sim.config_path.read_text()
         env = dict(os.environ)
     (root / "config.toml").write_text(config)
+    runtime = Path(tempfile.mkdtemp(prefix="gcbb-", dir="/tmp"))  # short socket paths
     env.update(
         GPUCLAIM_CONFIG=str(root / "config.toml"),
         GPUCLAIM_HOME=str(root / "home"),
         GPUCLAIM_USER="alice",
         TERM="xterm-256color",
+        XDG_RUNTIME_DIR=str(runtime),
     )
     env.pop("TMUX", None)
     sock = f"gcbench-{os.getpid()}-{transport}"
@@ -170,7 +172,15 @@ def bench_idle(
                 "-P",
                 "-F",
                 "#{pane_pid}",
-                *[f"-e{k}={env[k]}" for k in ("GPUCLAIM_CONFIG", "GPUCLAIM_HOME", "GPUCLAIM_USER")],
+                *[
+                    f"-e{k}={env[k]}"
+                    for k in (
+                        "GPUCLAIM_CONFIG",
+                        "GPUCLAIM_HOME",
+                        "GPUCLAIM_USER",
+                        "XDG_RUNTIME_DIR",
+                    )
+                ],
                 command,
             ],
             env=env,
@@ -181,9 +191,9 @@ def bench_idle(
         pid = int(started.stdout.strip())
         _wait_for_screen(tmux, f"{nodes * gpus} GPUs free", 60)
         time.sleep(2 * refresh)  # connections made, agent cached: the steady state
-        cpu0, wall0 = _cpu(pid), time.monotonic()
+        cpu0, machine0, wall0 = _cpu(pid), _machine_cpu(), time.monotonic()
         time.sleep(seconds)
-        cpu1, wall1 = _cpu(pid), time.monotonic()
+        cpu1, machine1, wall1 = _cpu(pid), _machine_cpu(), time.monotonic()
         screen = _screen(tmux)
         if "● live" not in screen:
             raise SystemExit(f"the board stopped refreshing:\n{screen}")
@@ -191,11 +201,27 @@ def bench_idle(
         return {
             "self %": 100 * (cpu1[0] - cpu0[0]) / wall,
             "children %": 100 * (cpu1[1] - cpu0[1]) / wall,
+            # everything on this machine, the nodes' sshd and agents included (on a real
+            # cluster that part is spread over the nodes)
+            "machine %": 100 * (machine1 - machine0) / wall,
         }
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         if testbed is not None:
             testbed.down()
+        for master in (runtime / "gpuclaim-cm").glob("*"):
+            if master.is_socket():
+                subprocess.run(
+                    ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
+                )
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _machine_cpu() -> float:
+    """CPU seconds every process on this machine has used so far (user+nice+system+irq)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
+    busy = [int(x) for i, x in enumerate(fields) if i != 3 and i != 4]  # not idle, iowait
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> tuple[float, float]:
@@ -247,7 +273,8 @@ def main() -> None:
                 idle = bench_idle(transport, args.nodes, args.gpus, args.idle, args.refresh, work)
                 print(
                     f"  {transport:<6} board {idle['self %']:5.1f}   "
-                    f"its children {idle['children %']:5.1f}"
+                    f"its children {idle['children %']:5.1f}   "
+                    f"whole machine (nodes included) {idle['machine %']:5.1f}"
                 )
 
 

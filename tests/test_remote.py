@@ -77,8 +77,15 @@ def test_claim_and_release_over_ssh_with_a_live_job(testbed, make_remote):
     assert c.by_gpu()[("node02", 0)]["state"] == "free"
 
 
-def test_unreachable_node_is_a_row_and_exit_4(testbed, make_remote):
-    c = make_remote(testbed)
+@pytest.fixture(params=["auto", "fabric"])
+def client(request: pytest.FixtureRequest) -> str:
+    """The SSH clients a user can get: the ssh binary ("auto" here) and paramiko; how a
+    node fails must read the same through both."""
+    return str(request.param)
+
+
+def test_unreachable_node_is_a_row_and_exit_4(testbed, make_remote, client):
+    c = make_remote(testbed, ssh_client=client)
     claim = c.json("claim", "--gpu", "node02:1")
     testbed.stop_node("node02")
     t0 = time.monotonic()
@@ -101,10 +108,10 @@ def test_unreachable_node_is_a_row_and_exit_4(testbed, make_remote):
     assert c.json("claim", "-n", "4")["node"] in ("node01", "node03")
 
 
-def test_an_unknown_host_is_named_once(testbed, make_remote):
+def test_an_unknown_host_is_named_once(testbed, make_remote, client):
     extra = "\nHost nowhere\n    HostName nowhere.invalid\n"
     testbed.ssh_config.write_text(testbed.ssh_config.read_text() + extra)
-    c = make_remote(testbed, nodes=["node01", "nowhere"])
+    c = make_remote(testbed, nodes=["node01", "nowhere"], ssh_client=client)
     proc = c.cli("status")
     assert proc.returncode == 4, proc.stderr
     rows = proc.stdout.splitlines()
@@ -153,8 +160,10 @@ def _frozen(testbed, node: str):
                 conn.close()
 
 
-def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(testbed, make_remote):
-    c = make_remote(testbed, connect_timeout="2s")
+def test_frozen_node_that_never_sends_a_banner_prints_no_library_traceback(
+    testbed, make_remote, client
+):
+    c = make_remote(testbed, connect_timeout="2s", ssh_client=client)
     # node01 answers slowly, so the CLI is still running when paramiko's thread gives up
     testbed.set_node("node01", delay_ms=3500)
     with _frozen(testbed, "node02"):
@@ -222,8 +231,8 @@ def test_driver_missing_node_falls_back_and_doctor_reports(testbed, make_remote)
     assert c.cli("doctor").returncode == 4
 
 
-def test_changed_or_unknown_host_key_is_refused(testbed, make_remote):
-    c = make_remote(testbed)
+def test_changed_or_unknown_host_key_is_refused(testbed, make_remote, client):
+    c = make_remote(testbed, ssh_client=client)
     assert c.cli("status").returncode == 0
     lines = testbed.known_hosts.read_text().splitlines()
     port1, port2 = testbed.ports["node01"], testbed.ports["node02"]
@@ -247,9 +256,9 @@ def test_changed_or_unknown_host_key_is_refused(testbed, make_remote):
     assert "unknown host key" in row["reason"]
 
 
-def test_proxyjump_through_a_jump_host(make_testbed, make_remote):
+def test_proxyjump_through_a_jump_host(make_testbed, make_remote, client):
     tb = make_testbed(1, gpus=2, jump=True)
-    c = make_remote(tb, nodes=["node01", "hidden01"])
+    c = make_remote(tb, nodes=["node01", "hidden01"], ssh_client=client)
     rows = c.status()
     assert {r["node"] for r in rows} == {"node01", "hidden01"}
     assert all(r["state"] == "free" for r in rows)
@@ -257,10 +266,10 @@ def test_proxyjump_through_a_jump_host(make_testbed, make_remote):
     assert "direct-tcpip" in log
 
 
-def test_include_in_ssh_config_is_honoured(testbed, make_remote, tmp_path):
+def test_include_in_ssh_config_is_honoured(testbed, make_remote, tmp_path, client):
     wrapper = tmp_path / "ssh_config_with_include"
     wrapper.write_text(f"# top-level file\nInclude {testbed.ssh_config}\n")
-    c = make_remote(testbed)
+    c = make_remote(testbed, ssh_client=client)
     proc = c.cli("status", "--json", GPUCLAIM_SSH_CONFIG=str(wrapper))
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)) == 12

@@ -114,6 +114,9 @@ class SlackConfig:
     timeout_s: float = 3.0
 
 
+SSH_CLIENTS = ("auto", "openssh", "fabric")
+
+
 @dataclass(frozen=True)
 class Config:
     path: Optional[Path]  # None: no config file, this machine is the single node
@@ -123,7 +126,8 @@ class Config:
     ssh_config: Optional[str] = None
     user: Optional[str] = None
     agent_command: Optional[str] = None  # an installed agent instead of the one we send
-    ssh_client: str = "fabric"  # or "openssh": the ssh binary with ControlMaster multiplexing
+    # "auto": the ssh binary (ControlMaster, warm agents) where there is one, else fabric
+    ssh_client: str = "auto"
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
@@ -218,9 +222,11 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     agent_command = raw.get("agent_command")
     if agent_command is not None and (not isinstance(agent_command, str) or not agent_command):
         raise ConfigError("'agent_command' must be a command line (a string)")
-    ssh_client = _str(raw, "ssh_client", "fabric")
-    if ssh_client not in ("fabric", "openssh"):
-        raise ConfigError(f'\'ssh_client\' must be "fabric" or "openssh", not {ssh_client!r}')
+    ssh_client = _str(raw, "ssh_client", "auto")
+    if ssh_client not in SSH_CLIENTS:
+        raise ConfigError(
+            f'\'ssh_client\' must be "auto", "openssh" or "fabric", not {ssh_client!r}'
+        )
     limits = _limits(_table(raw, "defaults"))
     slack = _slack(_table(raw, "slack"))
     idle = _idle(_table(raw, "idle"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from gpuclaim.core.liveness import process_start, this_process
@@ -11,12 +12,16 @@ from gpuclaim.core.liveness import process_start, this_process
 
 def node_liveness() -> Optional[dict[str, Any]]:
     """This node's boot id and its running wrappers as [pid, start] pairs; ``checked_from`` is
-    the start of the process that looked, so that a wrapper started after the look is never
-    taken for a missing one. None where other users' processes are hidden from us (/proc
-    mounted with hidepid): then heartbeats alone decide."""
+    when the look began, so that a wrapper started after it is never taken for a missing one.
+    None where other users' processes are hidden from us (/proc mounted with hidepid): then
+    heartbeats alone decide."""
     me = this_process()
     if me["boot_id"] is None or me["start"] is None or _processes_hidden():
         return None
+    # When this look began, in the ticks since boot that process start times use. Not this
+    # process's own start: a warm agent started long before the jobs it is asked about.
+    # CLOCK_MONOTONIC leaves out suspended time, so it is never later than a start time.
+    looked_at = int(time.clock_gettime(time.CLOCK_MONOTONIC) * os.sysconf("SC_CLK_TCK"))
     wrappers = []
     try:
         names = os.listdir("/proc")  # noqa: PTH208 - names only, and many of them
@@ -30,7 +35,7 @@ def node_liveness() -> Optional[dict[str, Any]]:
             start = process_start(pid)
             if start is not None:
                 wrappers.append([pid, start])
-    return {"boot_id": me["boot_id"], "checked_from": me["start"], "wrappers": wrappers}
+    return {"boot_id": me["boot_id"], "checked_from": looked_at, "wrappers": wrappers}
 
 
 def _is_wrapper(pid: int) -> bool:

@@ -59,7 +59,10 @@ class NodeChannels:
             return "in this process"
         warm = self.agent.warm
         if warm is None:
-            client = "the ssh binary" if self.config.ssh_client == "openssh" else "paramiko"
+            from gpuclaim.remote.session import ssh_client_of
+
+            openssh = ssh_client_of(self.config) == "openssh"
+            client = "the ssh binary" if openssh else "paramiko"
             return f"one-shot agent per request ({client}; the warm agent needs openssh)"
         return warm.path_of(node.host)
 

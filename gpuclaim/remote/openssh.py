@@ -18,6 +18,7 @@ from typing import Optional
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.paths import private_dir
 from gpuclaim.remote.ssh import CommandResult
+from gpuclaim.remote.ssh_messages import describe_ssh_failure
 
 PERSIST = "10m"
 
@@ -40,6 +41,7 @@ class OpenSshPool:
         if binary is None:
             raise UnreachableError('ssh_client = "openssh" needs the ssh binary (openssh-client)')
         self.control_dir = control_dir()
+        self.connect_timeout = max(1, round(connect_timeout))
         self.base = [
             binary,
             "-o",
@@ -49,7 +51,7 @@ class OpenSshPool:
             "-o",
             f"ControlPersist={PERSIST}",
             "-o",
-            f"ConnectTimeout={max(1, round(connect_timeout))}",
+            f"ConnectTimeout={self.connect_timeout}",
             "-o",
             "BatchMode=yes",
             "-o",
@@ -71,11 +73,8 @@ class OpenSshPool:
         except subprocess.TimeoutExpired as exc:
             raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
         if proc.returncode == 255:  # ssh's own failure, not the command's
-            message = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            reason = message[-1] if message else "ssh failed"
-            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in proc.stderr.decode("utf-8", "replace"):
-                reason = "HOST KEY CHANGED: refusing to connect (ssh-keygen -R if reinstalled)"
-            raise UnreachableError(f"{alias}: {reason}")
+            stderr = proc.stderr.decode("utf-8", "replace")
+            raise UnreachableError(f"{alias}: {describe_ssh_failure(stderr, self.connect_timeout)}")
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
     def forget(self, alias: str) -> None:

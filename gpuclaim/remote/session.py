@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import shutil
+
 from gpuclaim.core.config import Config
 from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.remote.ssh import SshPool, config_for_ssh_binary
 
 
+def ssh_client_of(config: Config) -> str:
+    """The client a config means: "auto" is the ssh binary where there is one (it honours
+    every ssh config feature and keeps masters and warm agents), else fabric."""
+    if config.ssh_client == "auto":
+        return "openssh" if shutil.which("ssh") else "fabric"
+    return config.ssh_client
+
+
 def open_agent(config: Config) -> AgentClient:
-    if config.ssh_client == "openssh":
+    if ssh_client_of(config) == "openssh":
         from gpuclaim.remote.openssh import OpenSshPool
 
         # the ssh binary reads the config file the rest of gpuclaim reads
