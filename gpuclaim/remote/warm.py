@@ -134,6 +134,9 @@ class WarmAgents:
                 stream.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
                 stream.flush()
                 hello = stream.readline()
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                # the master took the connection, then dropped it: as with no greeting
+                raise _NoGreeting(f"the forwarded socket closed: {exc}") from exc
             except OSError as exc:
                 raise _NotSent(str(exc)) from exc
             if not hello:
