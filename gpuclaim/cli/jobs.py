@@ -284,7 +284,6 @@ def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False)
     r = job.ranks[rank]
     node = st.config.node(r.node)
     next_look = time.monotonic() + LOOK_EVERY_S
-    wait_s = 0.0  # the first read answers at once; then the node waits for the next line
     try:
         while True:
             job = reload_job(st.store, job)
@@ -294,6 +293,10 @@ def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False)
                 if observed_state(job, st.store.snapshot().claims) == "lost":
                     job, final = job.with_(state="lost"), True
             try:
+                # the node answers at once when there is output, else waits for the next
+                # line; the job's state is read between reads, so its end is seen within
+                # FOLLOW_POLL_S, and once it ended the rest is read without waiting
+                wait_s = 0.0 if final else FOLLOW_POLL_S
                 chunk = st.ops.read_log(node, r.log or "", offset=offset, wait_s=wait_s)
             except UnreachableError:
                 if final:
@@ -304,9 +307,6 @@ def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False)
             offset = int(chunk["offset"])
             if final and not chunk["data"]:
                 break
-            # nothing new: the next read waits on the node (the job's state is read again
-            # between reads, so its end is seen within FOLLOW_POLL_S)
-            wait_s = 0.0 if chunk["data"] or final else FOLLOW_POLL_S
     except KeyboardInterrupt:
         sys.stderr.write(
             f"\ngpuclaim: stopped following; job {job.name} goes on "
