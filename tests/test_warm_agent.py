@@ -276,3 +276,21 @@ def test_a_fan_out_opens_the_ssh_side_once(monkeypatch: pytest.MonkeyPatch) -> N
     for t in threads:
         t.join()
     assert len(opened) == 1 and len(got) == 16 and len({id(a) for a in got}) == 1
+
+
+def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
+    testbed, make_remote, runtime
+):
+    """serve-and forks the one-shot agent into the warm one: that one, too, exits after
+    agent_idle without a request, removes its socket and leaves no process behind."""
+    c = make_remote(testbed, nodes=["node01"], ssh_client="openssh", agent_idle="2s")
+    c.json("status")
+    ((pid, argv),) = _agents(testbed)
+    assert "serve-and" in argv  # the forked one, not one started by serve-ensure
+    run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "run"
+    assert list(run_dir.glob("agent-*.sock"))
+    _wait_gone(pid)  # 2 s idle, and its accept loop wakes every second
+    assert _agents(testbed) == []
+    assert not list(run_dir.glob("agent-*.sock"))
+    assert {r["state"] for r in c.json("status")} == {"free"}  # and the next look starts one
+    assert len(_agents(testbed)) == 1
