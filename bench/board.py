@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
+from cputime import machine_cpu  # noqa: E402
 from test_board_snapshots import services_for, synthetic_cluster  # noqa: E402
 
 from gpuclaim.app.configfile import render_config  # noqa: E402
@@ -191,9 +192,9 @@ def bench_idle(
         pid = int(started.stdout.strip())
         _wait_for_screen(tmux, f"{nodes * gpus} GPUs free", 60)
         time.sleep(2 * refresh)  # connections made, agent cached: the steady state
-        cpu0, machine0, wall0 = _cpu(pid), _machine_cpu(), time.monotonic()
+        cpu0, machine0, wall0 = _cpu(pid), machine_cpu(), time.monotonic()
         time.sleep(seconds)
-        cpu1, machine1, wall1 = _cpu(pid), _machine_cpu(), time.monotonic()
+        cpu1, machine1, wall1 = _cpu(pid), machine_cpu(), time.monotonic()
         screen = _screen(tmux)
         if "● live" not in screen:
             raise SystemExit(f"the board stopped refreshing:\n{screen}")
@@ -215,13 +216,6 @@ def bench_idle(
                     ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
                 )
         shutil.rmtree(runtime, ignore_errors=True)
-
-
-def _machine_cpu() -> float:
-    """CPU seconds every process on this machine has used so far (user+nice+system+irq)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
-    busy = [int(x) for i, x in enumerate(fields) if i != 3 and i != 4]  # not idle, iowait
-    return sum(busy) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> tuple[float, float]:

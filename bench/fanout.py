@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
+from cputime import machine_cpu  # noqa: E402
 from testbed import Testbed  # noqa: E402
 
 from gpuclaim.app.configfile import render_config  # noqa: E402
@@ -134,9 +135,9 @@ def bench_n(
             samples.append(time.perf_counter() - t0)
         results["first"] = statistics.median(samples)
         run(gpuclaim, oenv, 0)  # warm agents up, masters persist, sockets forwarded
-        machine0, cli0 = _machine_cpu(), _children_cpu()
+        machine0, cli0 = machine_cpu(), _children_cpu()
         results["warm"] = timed(lambda: run(gpuclaim, oenv, 4 * n), repeat)
-        machine, cli = _machine_cpu() - machine0, _children_cpu() - cli0
+        machine, cli = machine_cpu() - machine0, _children_cpu() - cli0
         # CPU per warm look: the CLI process, and everything else per node (the nodes' sshd
         # and warm agents, plus the laptop's ssh masters relaying): on a real cluster the
         # node part runs on each node, in parallel
@@ -148,12 +149,6 @@ def bench_n(
         return results
     finally:
         tb.down()
-
-
-def _machine_cpu() -> float:
-    """CPU seconds every process on this machine has used so far (not idle, not iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split()[1:8]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _children_cpu() -> float:
