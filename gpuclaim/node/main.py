@@ -52,7 +52,10 @@ def main() -> int:
     if fork:
         from gpuclaim.node import server
 
-        server.become_server(sys.argv[2], float(sys.argv[3]))
+        try:
+            server.become_server(sys.argv[2], float(sys.argv[3]))
+        except OSError:
+            pass  # no fork (no memory, a process limit): the next request starts one
     return 0
 
 
