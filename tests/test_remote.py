@@ -471,3 +471,45 @@ def test_doctor_names_the_gpus_whose_persistence_mode_is_off(make_testbed, make_
     report = {h["node"]: h for h in json.loads(c.cli("doctor", "--json").stdout)}
     assert report["node01"]["problems"] == []
     assert report["node02"]["gpu_source"] == ("nvml" if nvml else "nvidia-smi")
+
+
+def test_fabric_connections_made_at_once_from_many_threads_all_see_their_config(
+    tmp_path, monkeypatch
+):
+    """invoke's Config merges lazily and is not thread-safe: connections a fan-out builds at
+    once from one shared Config saw it half-merged ("No attribute or config key found for
+    'user'", with --debug's logging widening the window). Each gets its own copy now."""
+    import logging
+
+    from gpuclaim.remote import ssh
+
+    hosts = 32
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "".join(
+            f"Host n{i}\n  HostName 127.0.0.1\n  Port {2200 + i}\n  User u{i}\n"
+            for i in range(hosts)
+        )
+    )
+    pool = ssh.SshPool(config, connect_timeout=2)
+    cls = ssh._connection_class(2)
+    monkeypatch.setattr(cls, "open", lambda self: None)  # no network: the config is the point
+    monkeypatch.setattr(logging.getLogger("invoke"), "level", logging.DEBUG)
+    got: dict[int, object] = {}
+
+    def connect(i: int) -> None:
+        try:
+            got[i] = pool.connection(f"n{i}").user
+        except Exception as exc:
+            got[i] = exc
+
+    for _ in range(5):
+        got.clear()
+        pool._fabric_config = None
+        pool._conns.clear()
+        threads = [threading.Thread(target=connect, args=(i,)) for i in range(hosts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == {i: f"u{i}" for i in range(hosts)}

@@ -188,15 +188,18 @@ class SshPool:
             conn = self._conns.get(alias)
             if conn is not None and conn.is_connected:
                 return conn
-            with self._guard:
-                config = self._config()
             timeout = self.connect_timeout
-            conn = _connection_class(timeout)(
-                alias,
-                config=config,
-                connect_timeout=timeout,
-                connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout},
-            )
+            # invoke's Config merges lazily and is not thread-safe: a fan-out's threads
+            # building connections from one Config at once saw it half-merged ("No attribute
+            # or config key found for 'user'"). Each connection gets its own copy, made and
+            # read under the guard; only the network part (open) runs in parallel.
+            with self._guard:
+                conn = _connection_class(timeout)(
+                    alias,
+                    config=self._config().clone(),
+                    connect_timeout=timeout,
+                    connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout},
+                )
             try:
                 conn.open()
             except Exception as exc:
