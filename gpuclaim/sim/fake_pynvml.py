@@ -111,7 +111,9 @@ def nvmlDeviceGetCount() -> int:
 
 def nvmlDeviceGetHandleByIndex(index: int) -> smi.SimGpu:
     _initialised()
-    gpus = _state["gpus"] or (nvmlDeviceGetCount() and _state["gpus"])
+    if not _state["gpus"]:
+        nvmlDeviceGetCount()  # a caller that did not count first
+    gpus = _state["gpus"]
     if not 0 <= index < len(gpus):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     return gpus[index]  # type: ignore[no-any-return]
