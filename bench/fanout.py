@@ -122,7 +122,8 @@ def bench_n(
             for node in tb.nodes:
                 subprocess.run(["ssh", *ctl, "-O", "exit", node], capture_output=True)
                 kill = (
-                    "pkill -f 'gpuclaim/agent-[0-9a-f.-]* serve'; rm -rf \"$HOME/.cache/gpuclaim\""
+                    "pkill -f 'gpuclaim/agent-[0-9a-f.-]*(/__main__.py)? serve';"
+                    ' rm -rf "$HOME/.cache/gpuclaim"'
                 )
                 subprocess.run(["ssh", "-F", str(cfg), node, kill], capture_output=True)
             shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)

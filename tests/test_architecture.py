@@ -6,7 +6,6 @@ forwarded whole (docs/ARCHITECTURE.md). The layer order itself is import-linter'
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import io
 import json
@@ -20,6 +19,7 @@ import pytest
 
 from gpuclaim.core.model import Claim, ClaimedGpu, Event
 from gpuclaim.node.channel import LocalChannel
+from gpuclaim.node.home import BOOT
 from gpuclaim.remote.bundle import agent_bundle, agent_modules
 from gpuclaim.remote.store_proxy import RemoteStore
 from gpuclaim.store import STORE_METHODS, ClaimStore, Snapshot, Store
@@ -147,31 +147,39 @@ def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
     assert "node/main.py" in modules and "node/wrapper.py" in modules
     assert "engine/observe.py" not in modules  # a look at the cluster is the laptop's
     _, blob = agent_bundle()
-    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        zf.extractall(tmp_path / "agent")
-    request = json.dumps(
-        {
-            "op": "store",
-            "root": str(tmp_path / "s"),
-            "method": "ensure",
-            "args": [],
-            "kwargs": {"create": True},
-        }
-    )
-    proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(tmp_path / "agent")],
-        input=request,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert json.loads(proc.stdout) == {"result": None}, proc.stderr
-    assert (tmp_path / "s" / "VERSION").is_file()
     names = set(zipfile.ZipFile(io.BytesIO(blob)).namelist())
     sources = {f"gpuclaim/{m}" for m in modules} | {"__main__.py", "vendor/pynvml.py"}
-    # ... and each one's bytecode for this Python, so a node of the same version compiles nothing
-    compiled = {importlib.util.cache_from_source(name) for name in sources}
-    assert names == sources | compiled
+    # ... and each one's bytecode for this Python where zipimport looks for it (a/b.pyc),
+    # so a node of the same version imports from the one file and compiles nothing
+    assert names == sources | {name + "c" for name in sources}
+    # A node of this Python keeps the zip as one file; one of another unpacks the sources.
+    (tmp_path / "agent-t.pyz").write_bytes(blob)
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        zf.extractall(tmp_path / "agent-t", [n for n in names if not n.endswith(".pyc")])
+    for n, root in enumerate([tmp_path / "agent-t.pyz", tmp_path / "agent-t"]):
+        request = json.dumps(
+            {
+                "op": "store",
+                "root": str(tmp_path / f"s{n}"),
+                "method": "ensure",
+                "args": [],
+                "kwargs": {"create": True},
+            }
+        )
+        for argv in (["-c", BOOT, str(root)], [str(root)]):  # as gpuclaim starts it; by hand
+            proc = subprocess.run(
+                [sys.executable, "-I", "-S", "-X", "importtime", *argv],
+                input=request,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert json.loads(proc.stdout) == {"result": None}, proc.stderr
+            assert (tmp_path / f"s{n}" / "VERSION").is_file()
+            imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()]
+            assert "zipfile" not in imported and "gpuclaim.node.main" in imported
+            if argv[0] == "-c":
+                assert "runpy" not in imported  # its imports cost every agent start
 
 
 def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path) -> None:
@@ -181,10 +189,10 @@ def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path)
 
     _, blob = agent_bundle()
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        zf.extractall(tmp_path / "agent")
         assert zf.read("vendor/pynvml.py") == Path(pynvml.__file__).read_bytes()
+    (tmp_path / "agent.pyz").write_bytes(blob)  # as a node of this Python keeps it
     code = (
-        f"import ctypes, sys\nsys.path.insert(0, {str(tmp_path / 'agent')!r})\n"
+        f"import ctypes, sys\nsys.path.insert(0, {str(tmp_path / 'agent.pyz')!r})\n"
         "from gpuclaim.node.probe import nvml\n"
         "from gpuclaim.core.errors import ProbeError\n"
         "try:\n    nvml.bindings()\nexcept ProbeError as e:\n    print('without:', e)\n"
@@ -203,7 +211,7 @@ def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path)
     assert proc.returncode == 0 and len(lines) == 4, proc.stdout + proc.stderr
     assert lines[0].startswith("without: NVML library not found: libnvidia-ml.so.1")
     assert lines[1] == "imported: False"
-    assert lines[2] == f"with: {tmp_path / 'agent' / 'vendor' / 'pynvml.py'}"
+    assert lines[2] == f"with: {tmp_path / 'agent.pyz' / 'vendor' / 'pynvml.pyc'}"  # bytecode
     assert lines[3].startswith("probe: NVML cannot start")
 
 
@@ -253,3 +261,11 @@ def test_an_unknown_store_method_is_refused_by_the_agent(tmp_path: Path) -> None
     remote = RemoteStore(_JsonChannel(), str(tmp_path / "store"))
     with pytest.raises(Exception, match="unknown store method '_p'"):
         remote.call("_p", "x")
+
+
+def test_a_malformed_agent_request_is_an_error_answer_not_a_traceback() -> None:
+    from gpuclaim.node.agent import handle
+
+    answer = handle({"op": "probe"})  # no "node"
+    assert answer["error"]["message"] == "agent: bad probe request: KeyError: 'node'"
+    assert handle({"op": "nope"})["error"]["message"] == "agent: unknown op 'nope'"

@@ -11,6 +11,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -288,12 +289,29 @@ def test_include_in_ssh_config_is_honoured(testbed, make_remote, tmp_path, clien
     assert len(json.loads(proc.stdout)) == 12
 
 
-def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote):
-    c = make_remote(testbed)
+def _node_python_tag(testbed) -> str:
+    proc = subprocess.run(
+        ["ssh", "-F", str(testbed.ssh_config), "node01", "python3", "-c", _TAG],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return proc.stdout.strip()
+
+
+_TAG = "'import sys; print(sys.implementation.cache_tag)'"
+
+
+def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote, client):
+    c = make_remote(testbed, ssh_client=client)
     c.ok("status")
     cache = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim"
-    cached = list(cache.glob("agent-*/__main__.py"))
+    cached = [*cache.glob("agent-*.pyz"), *cache.glob("agent-*/__main__.py")]
     assert len(cached) == 1
+    if _node_python_tag(testbed) == sys.implementation.cache_tag:
+        # the node's python3 is the CLI's: the agent is the one zip file, its bytecode used
+        assert cached[0].suffix == ".pyz" and cached[0].is_file()
+        assert not [p for p in cache.rglob("*") if p.suffix == ".pyc"]
     first = cached[0].stat().st_mtime_ns
     c.ok("status")
     assert cached[0].stat().st_mtime_ns == first  # not re-sent
@@ -513,3 +531,59 @@ def test_fabric_connections_made_at_once_from_many_threads_all_see_their_config(
         for t in threads:
             t.join()
         assert got == {i: f"u{i}" for i in range(hosts)}
+
+
+def test_a_node_of_another_python_unpacks_the_sources(testbed, tmp_path):
+    """The zip's bytecode is for the CLI's Python; a node of another version unpacks the
+    sources (its python3 compiles them once), and answers the request in the same run."""
+    from gpuclaim.remote import install
+    from gpuclaim.remote.bundle import agent_bundle
+
+    version, blob = agent_bundle()
+    request = json.dumps({"op": "ping"}).encode() + b"\n"
+    ssh = ["ssh", "-F", str(testbed.ssh_config), "node02"]
+    command = install.install_command(version, "cpython-0")  # not this node's Python
+    proc = subprocess.run(
+        [*ssh, command], input=request + install.install_stdin(blob), capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    need, answer = proc.stdout.splitlines()
+    assert need + b"\n" == install.NEED and json.loads(answer)["result"]["version"]
+    home = testbed.node_dir("node02") / "home" / ".cache" / "gpuclaim"
+    agent = home / f"agent-{version}"
+    assert (agent / "__main__.py").is_file() and not (home / f"agent-{version}.pyz").exists()
+    assert all(p.parent.name == "__pycache__" for p in agent.rglob("*.pyc"))  # its own
+    assert not [p.name for p in home.iterdir() if p.name.endswith(".tmp")]
+    # installed: the plain command finds it and answers, with no archive sent
+    again = subprocess.run(
+        [*ssh, install.run_command(version)], input=request, capture_output=True, timeout=30
+    )
+    assert again.returncode == 0 and json.loads(again.stdout)["result"]["version"], again.stderr
+
+
+def test_the_archive_goes_only_to_a_node_that_asks(testbed):
+    """The first contact over the ssh binary is a conversation: the request first, the
+    archive only after the node says it lacks the agent; one session either way."""
+    from gpuclaim.remote import install
+    from gpuclaim.remote.bundle import agent_bundle
+    from gpuclaim.remote.openssh import OpenSshPool
+
+    version, blob = agent_bundle()
+    pool = OpenSshPool(testbed.ssh_config)
+    asked: list[bytes] = []
+
+    def then(line: bytes) -> bytes | None:
+        asked.append(line)
+        return install.install_stdin(blob) if line == install.NEED else None
+
+    request = json.dumps({"op": "ping"}).encode() + b"\n"
+    command = install.install_command(version, sys.implementation.cache_tag)
+    try:
+        for _ in range(2):
+            result = pool.converse("node03", command, request, then, timeout=30)
+            assert result.exit_code == 0, result.stderr
+            assert json.loads(result.stdout.splitlines()[-1])["result"]["version"]
+    finally:
+        pool.forget("node03")
+    assert asked[0] == install.NEED  # the first time: missing, so it asked
+    assert asked[1] != install.NEED and json.loads(asked[1])  # then: the answer at once

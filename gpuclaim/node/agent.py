@@ -38,6 +38,9 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         return {"result": handler(request)}
     except (GpuclaimError, OSError) as exc:
         return {"error": error_to_wire(exc)}
+    except (KeyError, TypeError, ValueError) as exc:  # a request missing or mistyping a field
+        message = f"agent: bad {op} request: {type(exc).__name__}: {exc}"
+        return {"error": {"type": "GpuclaimError", "message": message}}
 
 
 def _probe(request: dict[str, Any]) -> dict[str, Any]:

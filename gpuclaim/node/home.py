@@ -9,19 +9,35 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 
 def jobs_home() -> Path:
     return Path(os.environ.get("GPUCLAIM_JOBS_DIR") or Path.home() / ".gpuclaim" / "jobs")
 
 
+# How a node starts the agent from its zip or dir: ``python3 -c BOOT ROOT ARGS...``. Not
+# ``python3 ROOT``: that goes through runpy, whose imports cost a few ms on every start.
+BOOT = (
+    "import sys;p=sys.argv.pop(1);sys.path[0]=p\n"
+    "from gpuclaim.node.main import main;sys.exit(main())"
+)
+
+
+def bundle_root() -> Optional[str]:
+    """Where this node code was installed from the CLI: the agent zip (``agent-V.pyz``) or
+    its unpacked dir; None when it runs from an installed gpuclaim package."""
+    root = Path(__file__).absolute().parents[2]  # above gpuclaim/; no resolve: in a zip
+    if root.is_file() or (root / "__main__.py").is_file():
+        return str(root)
+    return None
+
+
 def agent_entry() -> list[str]:
-    """How to start this same code again: the unpacked agent dir, or the installed package."""
-    package_dir = Path(__file__).resolve().parents[1]  # gpuclaim/, above node/
-    bundle_main = package_dir.parent / "__main__.py"
-    if bundle_main.exists() and (package_dir.parent / "gpuclaim").is_dir():
-        return [sys.executable, str(package_dir.parent)]
+    """How to start this same code again: from the agent zip or dir, or the installed package."""
+    root = bundle_root()
+    if root is not None:
+        return [sys.executable, "-c", BOOT, root]
     return [sys.executable, "-m", "gpuclaim.node.main"]
 
 

@@ -34,7 +34,7 @@ def main() -> int:
     fork = False
     if len(sys.argv) == 4 and sys.argv[1] == "serve-and":
         warm, fork = _warm_agent(sys.argv[2])
-    raw = sys.stdin.buffer.read()
+    raw = sys.stdin.buffer.readline()  # one line: the caller may keep stdin open
     try:
         request = json.loads(raw.decode("utf-8") or "{}")
         if not isinstance(request, dict):

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from gpuclaim.core.errors import UnreachableError, error_from_wire
-from gpuclaim.remote.bundle import agent_bundle, agent_version
+from gpuclaim.remote import install
+from gpuclaim.remote.bundle import agent_bundle, agent_version, bytecode_tag
 from gpuclaim.remote.ssh import CommandResult
 
 if TYPE_CHECKING:
     from gpuclaim.remote.warm import WarmAgents
-
-_MISSING = 117  # our sentinel exit status: the cached agent file is not on the node
 
 
 class CommandRunner(Protocol):
@@ -25,8 +23,9 @@ class CommandRunner(Protocol):
 
 
 class AgentClient:
-    """Sends JSON requests to ``python3 agent.pyz`` on a node (uploading it when missing),
-    or to an installed ``agent_command`` when the config names one."""
+    """Sends JSON requests to the agent in ``~/.cache/gpuclaim`` on a node (installing it
+    when missing, ``remote.install``), or to an installed ``agent_command`` when the config
+    names one."""
 
     def __init__(
         self,
@@ -49,95 +48,55 @@ class AgentClient:
         return self.run_agent(alias, "", json.dumps(request).encode(), timeout)
 
     def run_agent(self, alias: str, arguments: str, stdin: bytes, timeout: float) -> Any:
-        """Run the one-shot agent (``python3 agent-dir ARGUMENTS``), installing it first
-        when the node does not have this version; its ``result``."""
+        """Run the one-shot agent (``python3 AGENT/__main__.py ARGUMENTS``), installing it
+        first when the node does not have this version; its ``result``."""
         return _result(self.run_agent_raw(alias, arguments, stdin, timeout))
 
     def run_agent_raw(
         self, alias: str, arguments: str, stdin: bytes, timeout: float
     ) -> dict[str, Any]:
         """The same, with the whole answer (the result or the error, and what else it says)."""
-        command = self._command(arguments)
-        result = self.pool.run(alias, command, stdin, timeout)
-        if result.exit_code == _MISSING and self.agent_command is None:
-            # One more round trip: the bundle and then the request on stdin, unpacked and
-            # answered by one python3 (no separate unpack, no compileall).
-            version, blob = agent_bundle()
-            boot = _INSTALL_AND_RUN.encode()
-            command = (
-                f'c="$HOME/.cache/gpuclaim"; mkdir -p "$c" || exit {_CANNOT_INSTALL}; '
-                f'exec python3 -c {shlex.quote(_LOADER)} {len(boot)} "$c/agent-{version}" '
-                f"{arguments}"
-            ).rstrip()
-            framed = boot + f"{len(blob)}\n".encode() + blob + stdin
+        if self.agent_command:
+            command = f"{self.agent_command} {arguments}".strip()
+            result = self.pool.run(alias, command, stdin, timeout)
+            return _response(alias, result.exit_code, result.stdout, result.stderr)
+        version = agent_version()
+        result = self.pool.run(alias, install.run_command(version, arguments), stdin, timeout)
+        if result.exit_code == install.MISSING:
+            # One more round trip: the request, the installer and the archive at once.
+            framed = _line(stdin) + install.install_stdin(agent_bundle()[1])
+            command = install.install_command(version, bytecode_tag(), arguments)
             result = self.pool.run(alias, command, framed, timeout)
-            if result.exit_code == _CANNOT_INSTALL:
-                raise UnreachableError(
-                    f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: "
-                    + _first_line(result.stderr)
-                )
+        return self._answer(alias, result)
+
+    def first_contact(
+        self, alias: str, arguments: str, stdin: bytes, timeout: float
+    ) -> dict[str, Any]:
+        """``run_agent_raw`` for the first request to a node in a while (the warm agent not
+        reached): one SSH session whether or not the node has this version, the archive sent
+        only when the node asks for it (``install.install_command``)."""
+        converse = getattr(self.pool, "converse", None)
+        if self.agent_command or converse is None:
+            return self.run_agent_raw(alias, arguments, stdin, timeout)
+        command = install.install_command(agent_version(), bytecode_tag(), arguments)
+
+        def then(first_line: bytes) -> Optional[bytes]:
+            return install.install_stdin(agent_bundle()[1]) if first_line == install.NEED else None
+
+        return self._answer(alias, converse(alias, command, _line(stdin), then, timeout))
+
+    def _answer(self, alias: str, result: CommandResult) -> dict[str, Any]:
+        if result.exit_code == install.CANNOT_INSTALL:
+            raise UnreachableError(
+                f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: "
+                + _first_line(result.stderr)
+            )
         return _response(alias, result.exit_code, result.stdout, result.stderr)
 
-    def _command(self, arguments: str = "") -> str:
-        if self.agent_command:
-            return f"{self.agent_command} {arguments}".strip()
-        path = f'"$HOME/.cache/gpuclaim/agent-{agent_version()}"'
-        run = f'exec python3 "$d" {arguments}'.rstrip()
-        return f'd={path}; [ -f "$d/__main__.py" ] || exit {_MISSING}; {run}'
 
-
-_CANNOT_INSTALL = 118
-# What the node's python3 (3.9+) runs as ``-c LOADER LENGTH AGENT_DIR ARGUMENTS...``: short,
-# because it is what ``ps`` shows; it reads the installer below from stdin and runs it.
-_LOADER = (
-    "import os,sys\n"
-    'n=int(sys.argv[1]);b=b""\n'
-    "while len(b)<n:b+=os.read(0,n-len(b)) or sys.exit(1)\n"
-    "exec(b)"
-)
-# The installer reads "LENGTH\n" and the zip from stdin with os.read (exactly, leaving the
-# request after it unread), unpacks it into a temporary dir renamed into place (atomic: a
-# racing install of the same version just loses), then runs the agent in this same
-# interpreter (no second Python start, no compileall: the bundle carries bytecode).
-_INSTALL_AND_RUN = """\
-import sys
-if sys.path and sys.path[0] == "":
-    del sys.path[0]  # -c puts the current directory first; python3 DIR would not
-import io, os, runpy, shutil, tempfile, zipfile
-def take(n):
-    got = b""
-    while len(got) < n:
-        part = os.read(0, n - len(got))
-        if not part:
-            sys.exit("the agent bundle was cut short")
-        got += part
-    return got
-head = b""
-while not head.endswith(b"\\n"):
-    head += take(1)
-blob = take(int(head))
-agent = sys.argv[2]
-cache = os.path.dirname(agent)
-if not os.path.isfile(os.path.join(agent, "__main__.py")):
-    try:
-        tmp = tempfile.mkdtemp(prefix=".agent.", dir=cache)
-        zipfile.ZipFile(io.BytesIO(blob)).extractall(tmp)
-        for root, dirs, files in os.walk(tmp):
-            for d in dirs:
-                os.chmod(os.path.join(root, d), 0o755)
-            for f in files:
-                os.chmod(os.path.join(root, f), 0o644)
-        os.chmod(tmp, 0o755)
-    except OSError as exc:
-        sys.stderr.write("%s\\n" % exc)
-        sys.exit(118)
-    try:
-        os.rename(tmp, agent)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-sys.argv = [agent] + sys.argv[3:]
-runpy.run_path(agent, run_name="__main__")
-"""
+def _line(request: bytes) -> bytes:
+    """The request as the one line the agent reads (JSON has no raw newlines)."""
+    return request.rstrip(b"\n") + b"\n"
 
 
 def _response(alias: str, code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:

@@ -1,5 +1,11 @@
-"""The agent as one zip file the CLI sends to a node (``python3 agent.pyz``), versioned by
-content so a node re-receives it only when it changed.
+"""The agent as one zip file the CLI sends to a node, versioned by content so a node
+re-receives it only when it changed.
+
+A node whose ``python3`` is the CLI's version keeps it as that one file and imports from it
+(``zipimport``): one file written on a first call, not a hundred (creating them was most of
+an install's CPU), and the zip carries each module's bytecode for that version next to its
+source (``a/b.pyc``, where ``zipimport`` looks), so nothing is compiled there. A node of
+another version unpacks the sources instead (``remote.install``) and compiles them once.
 
 It holds exactly what the node side needs: the modules ``gpuclaim.node.main`` imports,
 directly or not, function-local imports included (found by reading their source), with the
@@ -12,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import io
 import marshal
 import os
 import re
 import sys
-import zipfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -117,19 +121,25 @@ def agent_version() -> str:
 
 
 def _bytecode(name: str, source: bytes) -> tuple[str, bytes] | None:
-    """The checked-hash ``.pyc`` of one bundled source for this interpreter's version: a node
-    whose ``python3`` is the same version imports it without compiling (the bulk of a first
-    call's CPU there); any other version ignores it and compiles, as without it."""
+    """The ``.pyc`` of one bundled source for this interpreter's version, at the place
+    ``zipimport`` looks for it (``a/b.py`` -> ``a/b.pyc``). Unchecked: the zip never changes
+    under its name (the name is its content's hash), so no source needs hashing on import;
+    another Python version finds a foreign magic number and falls back to the source."""
     if not name.endswith(".py") or sys.implementation.cache_tag is None:
         return None
     try:
         code = compile(source, name, "exec", dont_inherit=True)
     except SyntaxError:
         return None
-    flags = 0b11  # hash-based, checked against the source on import: never stale
+    flags = 0b01  # hash-based, not checked against the source
     header = importlib.util.MAGIC_NUMBER + flags.to_bytes(4, "little")
-    pyc = importlib.util.cache_from_source(name)  # a/b.py -> a/__pycache__/b.<tag>.pyc
-    return pyc, header + importlib.util.source_hash(source) + marshal.dumps(code)
+    return name + "c", header + importlib.util.source_hash(source) + marshal.dumps(code)
+
+
+def bytecode_tag() -> str:
+    """Which Python the bundle's bytecode is for (``cpython-311``): a node of that version
+    keeps the zip as it is."""
+    return sys.implementation.cache_tag or "none"
 
 
 @lru_cache(maxsize=1)
@@ -137,7 +147,7 @@ def agent_bundle() -> tuple[str, bytes]:
     """(version, zip bytes): made only when a node has to receive it, and kept in the data
     dir (compiling it costs ~0.3 s, once per version instead of once per first call)."""
     version = agent_version()
-    cached = data_dir() / "bundles" / f"agent-{version}.{sys.implementation.cache_tag}.zip"
+    cached = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.zip"
     try:
         return version, cached.read_bytes()
     except OSError:
@@ -154,6 +164,9 @@ def agent_bundle() -> tuple[str, bytes]:
 
 
 def _build_bundle() -> bytes:
+    import io
+    import zipfile  # here: only a new version's first call builds the zip
+
     files = dict(_bundle_files())
     for name, data in list(files.items()):
         compiled = _bytecode(name, data)

@@ -8,12 +8,16 @@ Include and everything else are ssh's own handling of your ssh config.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import selectors
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.paths import private_dir
@@ -72,13 +76,71 @@ class OpenSshPool:
             )
         except subprocess.TimeoutExpired as exc:
             raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
-        if proc.returncode == 255:  # ssh's own failure, not the command's
-            stderr = proc.stderr.decode("utf-8", "replace")
-            raise UnreachableError(f"{alias}: {describe_ssh_failure(stderr, self.connect_timeout)}")
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+        return self._result(alias, proc.returncode, proc.stdout, proc.stderr)
+
+    def _result(self, alias: str, code: int, stdout: bytes, stderr: bytes) -> CommandResult:
+        if code == 255:  # ssh's own failure, not the command's
+            text = stderr.decode("utf-8", "replace")
+            raise UnreachableError(f"{alias}: {describe_ssh_failure(text, self.connect_timeout)}")
+        return CommandResult(code, stdout, stderr)
+
+    def converse(
+        self,
+        alias: str,
+        command: str,
+        first: bytes,
+        then: Callable[[bytes], Optional[bytes]],
+        timeout: float = 30.0,
+    ) -> CommandResult:
+        """Run ``command`` with ``first`` on its stdin, stdin kept open until the first line
+        of its output; ``then(that line)`` says what else to send (None: nothing). The rest
+        goes as with ``run``. One SSH session for a request that may need a second part."""
+        deadline = time.monotonic() + timeout
+        proc = subprocess.Popen(
+            [*self.base, "--", alias, command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        )
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(first)
+            head = _first_line(proc.stdout, deadline)
+            line, newline, _ = head.partition(b"\n")
+            more = then(line + newline) if newline else None  # None: that was the answer
+            left = max(0.1, deadline - time.monotonic())
+            stdout, stderr = proc.communicate(more or b"", timeout=left)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            proc.wait()
+            raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return self._result(alias, proc.returncode, head + stdout, stderr)
 
     def forget(self, alias: str) -> None:
         subprocess.run([*self.base, "-O", "exit", alias], capture_output=True, timeout=10)
 
     def close(self) -> None:
         """Masters outlive us on purpose (ControlPersist): the next call reuses them."""
+
+
+def _first_line(stream: IO[bytes], deadline: float) -> bytes:
+    """What the command wrote up to and including its first newline (more, if it came in
+    the same read), or all of it if it ended first; waits no later than ``deadline``."""
+    got = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        while b"\n" not in got:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise subprocess.TimeoutExpired("ssh", 0)
+            part = os.read(stream.fileno(), 65536)
+            if not part:
+                break
+            got += part
+    return got

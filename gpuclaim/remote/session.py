@@ -34,7 +34,7 @@ def open_agent(config: Config) -> AgentClient:
                 openssh,
                 agent_version(),
                 config.limits.agent_idle_s,
-                client.run_agent_raw,
+                client.first_contact,
             )
         return client
     pool = SshPool(config.ssh_config_path, config.limits.connect_timeout_s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.core.errors import ProbeError
@@ -42,8 +41,14 @@ def bindings() -> Any:
         return pynvml
     except ImportError as exc:
         missing = exc
-    vendored = Path(__file__).resolve().parents[3] / VENDORED
-    if not (vendored / "pynvml.py").is_file():
+    from importlib.machinery import PathFinder
+
+    from gpuclaim.node.home import bundle_root
+
+    root = bundle_root()
+    vendored = f"{root}/{VENDORED}" if root else ""  # a zip's subdir is a path entry too
+    # found, not imported: the bundle's zip or dir alike
+    if not vendored or PathFinder.find_spec("pynvml", [vendored]) is None:
         raise ProbeError(f"NVML bindings not installed: {missing}")
     import ctypes  # here: the CLI imports this module for VENDORED alone
 
@@ -51,8 +56,8 @@ def bindings() -> Any:
         ctypes.CDLL("libnvidia-ml.so.1")
     except OSError as exc:
         raise ProbeError(f"NVML library not found: {exc}") from None
-    if str(vendored) not in sys.path:
-        sys.path.append(str(vendored))  # last: never shadows anything of the node's
+    if vendored not in sys.path:
+        sys.path.append(vendored)  # last: never shadows anything of the node's
     import pynvml
 
     return pynvml
