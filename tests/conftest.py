@@ -83,9 +83,15 @@ class CliDriver:
         return env
 
     def cli(
-        self, *args: str, user: str = "alice", timeout: float = 60, **env: str
+        self,
+        *args: str,
+        user: str = "alice",
+        timeout: float = 60,
+        cwd: Optional[Path] = None,
+        **env: str,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``gpuclaim ARGS`` in a new process, as a user would."""
+        """Run ``gpuclaim ARGS`` in a new process, as a user would: typed in ``cwd`` (the
+        driver's home unless said; a job runs in that directory when its node has it)."""
         return subprocess.run(
             [sys.executable, "-m", "gpuclaim", *args],
             env=self.env(user, **env),
@@ -93,6 +99,7 @@ class CliDriver:
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            cwd=cwd or self.home,
         )
 
     def ok(self, *args: str, user: str = "alice") -> str:

@@ -29,7 +29,18 @@ def run(
     ),
     name: Optional[str] = typer.Option(None, "--name", help="Job name (unique among yours)."),
     time_: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: 30m, 8h, 2d."),
-    workdir: Optional[str] = typer.Option(None, "--workdir", "-C", help="Directory to run in."),
+    workdir: Optional[str] = typer.Option(
+        None,
+        "--workdir",
+        "-C",
+        help="Directory to run in (default: this one, if the node has it; else the home there).",
+    ),
+    venv: Optional[str] = typer.Option(
+        None, "--venv", metavar="PATH", help="A Python venv on the node (relative: to the workdir)."
+    ),
+    conda: Optional[str] = typer.Option(
+        None, "--conda", metavar="ENV", help="A conda env on the node (conda, mamba or micromamba)."
+    ),
     env: Optional[list[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Env var."),
     uuids: bool = typer.Option(False, "--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs."),
     queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
@@ -62,6 +73,9 @@ def run(
         env=_parse_env(env or []),
         visible_as="uuid" if uuids else "index",
         queue=queue or wait,
+        cwd=str(_typed_in()),
+        venv=_non_empty(venv, "--venv"),
+        conda=_non_empty(conda, "--conda"),
     )
     job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
     if follow:
@@ -84,6 +98,8 @@ def _submit_and_report(
 
     with waiting("starting the job", quiet):
         job = submit_job(st.config, st.store, req, st.prober, st.ops)
+    if not quiet:
+        _say_where_it_runs(job)
     completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
     if wait and job.state == "queued":
         job = _wait_until_started(st, job, quiet)
@@ -101,6 +117,17 @@ def _submit_and_report(
     return job
 
 
+def _say_where_it_runs(job: Any) -> None:
+    """One line when the job does not run in the directory ``run`` was typed in because its
+    node has no such directory (no shared home there; ``--sync`` copies it)."""
+    if job.workdir or not job.cwd:
+        return
+    for r in job.ranks:
+        if r.workdir and r.workdir != job.cwd:
+            said = f"note: {job.cwd} is not a directory on {r.node}: the job runs in {r.workdir}"
+            err().print(said, markup=False, highlight=False)
+
+
 def _say_early_end(st: AppState, job: Any) -> None:
     """``gpuclaim: error: job X failed at once on node01 (exit code 2); the end of its log:``
     and those lines, indented: what a user needs instead of 'Started'."""
@@ -116,7 +143,7 @@ def _say_early_end(st: AppState, job: Any) -> None:
     where = f" on {rank.node}" + (f" (rank {rank.rank})" if len(job.ranks) > 1 else "")
     code = exit_code_of(job) if job.state in FINAL_STATES else (rank.exit_code or 1)
     if rank.state == "failed" and rank.exit_code is None:
-        if own.endswith(f" on {rank.node}") and len(job.ranks) == 1:
+        if f" on {rank.node}" in own and len(job.ranks) == 1:
             where = ""  # the reason names the node: 'workdir /x does not exist on node01'
         head = f"job {job.name} could not start{where}: {own or 'see its log'}"
     elif rank.state == "failed":
@@ -473,21 +500,33 @@ def notebook(
 
 def _absolute_workdir(workdir: Optional[str]) -> Optional[str]:
     """A relative --workdir means the directory ``run`` was typed in, here on the laptop, so
-    the job gets it as an absolute path (as the shell's ``$PWD`` spells it, symlinks kept,
-    when that is this directory). ``~`` stays for the node to expand: its home, as in ssh."""
+    the job gets it as an absolute path. ``~`` stays for the node to expand: its home, as in
+    ssh."""
     if workdir is None or workdir.startswith("~") or Path(workdir).is_absolute():
         return workdir
     if not workdir:
         raise UsageError("--workdir wants a directory, e.g. --workdir . for this one")
+    return os.path.normpath(_typed_in() / workdir)
+
+
+def _typed_in() -> Path:
+    """The directory the command was typed in, as the shell's ``$PWD`` spells it (symlinks
+    kept, when that is this directory): the path a shared home has on the nodes too."""
     here = Path.cwd()
     pwd = os.environ.get("PWD")
     if pwd and Path(pwd).is_absolute():
         try:
             if Path(pwd).samefile(here):
-                here = Path(pwd)
+                return Path(pwd)
         except OSError:
             pass
-    return os.path.normpath(here / workdir)
+    return here
+
+
+def _non_empty(value: Optional[str], flag: str) -> Optional[str]:
+    if value is not None and not value.strip():
+        raise UsageError(f"{flag} wants a name or a path, not an empty string")
+    return value.strip() if value else None
 
 
 def _parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:

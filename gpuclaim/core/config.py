@@ -39,6 +39,7 @@ _TOP_KEYS = {
     "node",
     "slack",
     "idle",
+    "run",
 }
 _DEFAULT_KEYS = {
     "time",
@@ -54,9 +55,22 @@ _DEFAULT_KEYS = {
     "warm_agent",
     "agent_idle",
 }
-_NODE_KEYS = {"host", "transport", "nvidia_smi", "env"}
+_WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
+_NODE_KEYS = {"host", "transport", "nvidia_smi", "env", *_WORKENV_KEYS}
 _IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
+
+
+@dataclass(frozen=True)
+class WorkEnv:
+    """How a job's command starts on a node: in the user's login environment (their
+    ``$SHELL -l``'s variables, PATH first), and in a Python venv or a conda env. ``None``:
+    not said here (the next level down decides: ``run`` flags, then the node, then
+    ``[run]``)."""
+
+    login_shell: Optional[bool] = None
+    venv: Optional[str] = None
+    conda: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,7 @@ class NodeConfig:
     transport: str = "ssh"  # "local" runs on this machine without SSH
     nvidia_smi: tuple[str, ...] = ()  # argv to use instead of NVML / plain nvidia-smi
     env: tuple[tuple[str, str], ...] = ()
+    workenv: WorkEnv = field(default_factory=WorkEnv)  # this node's own [run] settings
 
     def is_this_machine(self) -> bool:
         """Local, or an SSH alias that names the machine this runs on (node01 typing
@@ -131,6 +146,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+    run: WorkEnv = field(default_factory=WorkEnv)  # [run]: every job's defaults
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
     storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
@@ -139,6 +155,14 @@ class Config:
         """The config as code on ``node`` itself sees it (a job wrapper, a queue keeper): that
         node alone, reached without SSH."""
         return replace(self, nodes=(replace(self.node(node), transport="local"),))
+
+    def workenv_of(self, node: NodeConfig, asked: WorkEnv) -> WorkEnv:
+        """What a job's ``run`` flags, then ``node``'s table, then ``[run]`` say; a venv or a
+        conda env asked at one level replaces both of the levels below."""
+        levels = (asked, node.workenv, self.run)
+        login = next((w.login_shell for w in levels if w.login_shell is not None), True)
+        env = next((w for w in levels if w.venv or w.conda), WorkEnv())
+        return WorkEnv(login_shell=login, venv=env.venv, conda=env.conda)
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -230,6 +254,8 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     limits = _limits(_table(raw, "defaults"))
     slack = _slack(_table(raw, "slack"))
     idle = _idle(_table(raw, "idle"))
+    _no_unknown(_table(raw, "run"), _WORKENV_KEYS, "run")
+    run = _workenv(_table(raw, "run"), "run")
     remote = [n.name for n in nodes if n.transport != "local"]
     if storage_default and remote:
         # This machine's own store would be a claim pool that the nodes never see.
@@ -250,6 +276,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         limits=limits,
         slack=slack,
         idle=idle,
+        run=run,
         raw=raw,
         storage_default=storage_default,
     )
@@ -276,7 +303,24 @@ def _node(name: str, table: dict[str, Any]) -> NodeConfig:
         transport=transport,
         nvidia_smi=tuple(smi),
         env=tuple(sorted(env.items())),
+        workenv=_workenv(table, f"node.{name}"),
     )
+
+
+def _workenv(table: dict[str, Any], where: str) -> WorkEnv:
+    """``login_shell``, ``venv``, ``conda`` of [run] or a [node.X] table."""
+    login = table.get("login_shell")
+    if login is not None and not isinstance(login, bool):
+        raise ConfigError(f"'{where}.login_shell' must be true or false, not {login!r}")
+    found: dict[str, Optional[str]] = {}
+    for key in ("venv", "conda"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"'{where}.{key}' must be a non-empty string, not {value!r}")
+        found[key] = value.strip() if isinstance(value, str) else None
+    if found["venv"] and found["conda"]:
+        raise ConfigError(f"'{where}' sets both venv and conda: a job runs in one of them")
+    return WorkEnv(login_shell=login, venv=found["venv"], conda=found["conda"])
 
 
 def _limits(table: dict[str, Any]) -> Limits:

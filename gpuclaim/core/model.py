@@ -290,6 +290,11 @@ class JobRank:
     log: Optional[str] = None
     started: Optional[float] = None
     ended: Optional[float] = None
+    # Where and in what it runs on its node, as decided at launch (the node checks the
+    # directory; the venv or conda env is the job's, else the node's, else [run]'s).
+    workdir: Optional[str] = None
+    venv: Optional[str] = None
+    conda: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -312,6 +317,9 @@ class JobRank:
             log=d.get("log"),
             started=parse_iso(d.get("started")),
             ended=parse_iso(d.get("ended")),
+            workdir=d.get("workdir"),
+            venv=d.get("venv"),
+            conda=d.get("conda"),
         )
 
 
@@ -341,6 +349,9 @@ class Job:
     stop_requested: Optional[str] = None  # "kill" or "timeout" once someone asked it to stop
     port: Optional[int] = None  # notebook port
     from_queue: bool = False
+    cwd: Optional[str] = None  # where `run` was typed (the laptop's path): the default workdir
+    venv: Optional[str] = None  # asked with --venv (else the node's or [run]'s, at launch)
+    conda: Optional[str] = None
 
     @property
     def session(self) -> str:
@@ -372,7 +383,14 @@ class Job:
             "ended": iso(self.ended),
             "time_limit_s": self.time_limit_s,
             "argv": list(self.argv),
-            "workdir": self.workdir,
+            # where and in what it runs, as its first node's launch decided (the workdir
+            # asked, else the directory run was typed in if the node has it, else the home
+            # there); before that, what was asked
+            "workdir": first.workdir if first and first.workdir else self.workdir,
+            "venv": first.venv if first and first.workdir else self.venv,
+            "conda": first.conda if first and first.workdir else self.conda,
+            "cwd": self.cwd,
+            "requested": {"workdir": self.workdir, "venv": self.venv, "conda": self.conda},
             "env": dict(self.env),
             "kind": self.kind,
             "visible_as": self.visible_as,
@@ -388,6 +406,7 @@ class Job:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
+        asked = d.get("requested") if isinstance(d.get("requested"), dict) else None
         submitted = parse_iso(d["submitted"])
         if submitted is None:
             raise ValueError("job without submitted time")
@@ -402,7 +421,8 @@ class Job:
             gpus_per_node=int(d.get("gpus_per_node", 1)),
             nodes_wanted=int(d.get("nodes_wanted", 1)),
             node=d.get("pinned_node"),
-            workdir=d.get("workdir"),
+            # records from before "requested" held the asked workdir in "workdir"
+            workdir=asked.get("workdir") if asked is not None else d.get("workdir"),
             env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
             kind=str(d.get("kind", "batch")),
             visible_as=str(d.get("visible_as", "index")),
@@ -414,4 +434,7 @@ class Job:
             stop_requested=d.get("stop_requested"),
             port=_opt_int(d.get("port")),
             from_queue=bool(d.get("from_queue", False)),
+            cwd=d.get("cwd"),
+            venv=asked.get("venv") if asked is not None else None,
+            conda=asked.get("conda") if asked is not None else None,
         )

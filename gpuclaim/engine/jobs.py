@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.core.config import Config, NodeConfig, parse_storage_url
+from gpuclaim.core.config import Config, NodeConfig, WorkEnv, parse_storage_url
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import (
     ConflictError,
@@ -50,6 +50,9 @@ class RunRequest:
     kind: str = "batch"
     visible_as: str = "index"
     queue: bool = False
+    cwd: Optional[str] = None  # where run was typed: the workdir when the node has it
+    venv: Optional[str] = None
+    conda: Optional[str] = None
 
 
 class NodeOps:
@@ -122,6 +125,8 @@ def submit_job(
         raise UsageError("-n and --nodes must be at least 1")
     if req.nodes > 1 and req.node:
         raise UsageError("--node pins a job to one node; a gang job (--nodes K) picks its nodes")
+    if req.venv and req.conda:
+        raise UsageError("--venv and --conda: a job runs in one of them")
     time_s = req.time_s if req.time_s is not None else config.limits.default_time_s
     if time_s > config.limits.max_time_s:
         raise UsageError(
@@ -144,6 +149,9 @@ def submit_job(
         env=tuple(sorted(req.env)),
         kind=req.kind,
         visible_as=req.visible_as,
+        cwd=req.cwd,
+        venv=req.venv,
+        conda=req.conda,
     )
     ops = ops or NodeOps(config, prober)
     view = build_view(config, store, _nodes_for(config, job), prober=prober)
@@ -258,8 +266,17 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
             node = config.node(r.node)
             spec = rank_spec(config, store, job, r, node, dict(gang, NODE_RANK=r.rank))
             answer = ops.launch(node, spec)
+            workenv = spec["workenv"]
             store.update_job(
-                job_id=job.id, changes={}, rank=r.rank, rank_changes={"log": answer.get("log")}
+                job_id=job.id,
+                changes={},
+                rank=r.rank,
+                rank_changes={
+                    "log": answer.get("log"),
+                    "workdir": answer.get("workdir"),
+                    "venv": workenv["venv"],
+                    "conda": workenv["conda"],
+                },
             )
             launched.append(r)
     except GpuclaimError as exc:
@@ -309,6 +326,7 @@ def rank_spec(
     config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict[str, Any]
 ) -> dict[str, Any]:
     """All a node needs to run one rank on its own, laptop closed."""
+    workenv = config.workenv_of(node, WorkEnv(venv=job.venv, conda=job.conda))
     return {
         "job": job.to_dict(),
         "rank": rank.rank,
@@ -317,6 +335,11 @@ def rank_spec(
         "config": config.raw,
         "node_env": dict(node.env),
         "nvidia_smi": list(node.nvidia_smi),
+        "workenv": {
+            "login_shell": workenv.login_shell,
+            "venv": workenv.venv,
+            "conda": workenv.conda,
+        },
         "probe_timeout": config.limits.probe_timeout_s,
         "grace_s": config.limits.kill_grace_s,
         "beat_s": config.limits.heartbeat_s,

@@ -32,15 +32,39 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     job_dir.mkdir(parents=True, exist_ok=True)
     spec_path = job_dir / "spec.json"
     log_path = job_dir / "output.log"
-    spec = dict(spec, log=str(log_path))
+    ranks = job.get("ranks") or []
+    node = str(ranks[rank]["node"]) if rank < len(ranks) else socket.gethostname()
+    run_dir, note = resolve_workdir(job, node)
+    spec = dict(spec, log=str(log_path), run_dir=run_dir)
     # The spec carries the config, and with it the Slack webhook (a secret): owner only.
     fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(spec))
-    log_path.touch()
+    with open(log_path, "ab") as log:
+        if note:
+            log.write(f"gpuclaim: {note}\n".encode())  # what a follower sees first
     command = "exec " + " ".join(shlex.quote(a) for a in [*agent_entry(), "wrap", str(spec_path)])
     new_session(session, command, Path.home())
-    return {"session": session, "log": str(log_path), "host": socket.gethostname()}
+    answer = {"session": session, "log": str(log_path), "host": socket.gethostname()}
+    return dict(answer, workdir=run_dir, note=note)
+
+
+def resolve_workdir(job: dict[str, Any], node: str) -> tuple[str, str]:
+    """Where a job runs on this node, and a note when that is not where it was asked: the
+    workdir asked (``--workdir``; the wrapper says so if it is missing), else the directory
+    ``run`` was typed in when this node has it (a shared home), else the home here."""
+    asked = (job.get("requested") or {}).get("workdir")
+    if asked is None and "requested" not in job:
+        asked = job.get("workdir")  # a job record from before "requested"
+    if asked:
+        return str(Path(str(asked)).expanduser()), ""
+    home = str(Path.home())
+    typed_in = job.get("cwd")
+    if not typed_in:
+        return home, ""
+    if Path(str(typed_in)).is_dir():
+        return str(typed_in), ""
+    return home, f"{typed_in} is not a directory on {node}: the job runs in {home}"
 
 
 def stop_session(session: str) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.node.rank_record import RankRecord
 from gpuclaim.node.runner import free_port
+from gpuclaim.node.workenv import job_environment
 
 POLL_S = 0.5
 PLACEMENT_FRESH_S = 10.0  # a placement probe this recent stands for the wrapper's own
@@ -54,6 +55,10 @@ class Wrapper(RankRecord):
         self.stop_reason = self.stop_reason or "killed"
 
     def _environment(self) -> tuple[dict[str, str], Optional[str]]:
+        try:
+            self._check_workdir(self.run_dir)  # first: a relative venv is the workdir's
+        except GpuclaimError as exc:
+            return {}, exc.message
         node_env = dict(self.spec.get("node_env") or {})
         index_of = self._placed_indices()
         if index_of is None:  # placed long ago (a queued job) or by an older CLI: look again
@@ -75,7 +80,19 @@ class Wrapper(RankRecord):
             visible = ",".join(self.me.gpu_uuids)
         else:
             visible = ",".join(str(index_of[u]) for u in self.me.gpu_uuids)
-        env = dict(os.environ)
+        workenv = self.spec.get("workenv") or {}
+        try:
+            env = job_environment(
+                dict(os.environ),
+                self.me.node,
+                login=bool(workenv.get("login_shell", False)),
+                venv=workenv.get("venv"),
+                conda=workenv.get("conda"),
+                workdir=self.run_dir,
+            )
+        except GpuclaimError as exc:
+            return {}, exc.message
+        env["PWD"] = self.run_dir
         env.update(node_env)
         env.update(dict(self.job.env))
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -102,12 +119,12 @@ class Wrapper(RankRecord):
             return None
         return {str(u): int(i) for u, i in indices.items()} if fresh else None
 
-    def _resolve_argv(self) -> list[str]:
+    def _resolve_argv(self, env: dict[str, str]) -> list[str]:
         """Interactive kinds are resolved here, on the node: its shell, its jupyter."""
         if self.job.kind == "shell":
             return [os.environ.get("SHELL") or "/bin/bash", "-l"]
         if self.job.kind == "notebook":
-            jupyter = shutil.which("jupyter")
+            jupyter = shutil.which("jupyter", path=env.get("PATH"))
             if jupyter is None:
                 raise GpuclaimError(
                     "jupyter is not installed on this node (pip install jupyterlab there)"
@@ -117,13 +134,21 @@ class Wrapper(RankRecord):
             return [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}"]
         return list(self.job.argv)
 
+    @property
+    def run_dir(self) -> str:
+        """Where the command runs: as the launch decided (``runner.resolve_workdir``)."""
+        decided = self.spec.get("run_dir")
+        if decided:
+            return str(decided)
+        return str(Path(self.job.workdir).expanduser()) if self.job.workdir else str(Path.home())
+
     def _supervise(self, env: dict[str, str], log: Any) -> int:
         started = self.store.now()
         deadline = time.monotonic() + self.job.time_limit_s
-        cwd = str(Path(self.job.workdir).expanduser()) if self.job.workdir else str(Path.home())
+        cwd = self.run_dir
         try:
             self._check_workdir(cwd)
-            argv = self._resolve_argv()
+            argv = self._resolve_argv(env)
         except GpuclaimError as exc:
             log.write(f"gpuclaim: {exc}\n".encode())
             return self._finish("failed", None, str(exc))

@@ -1,0 +1,129 @@
+"""The environment a job's command starts in on its node: the user's login environment (what
+their ``$SHELL -l`` sets up from ``~/.profile``, ``~/.bash_profile``, ``~/.zprofile``: PATH
+additions such as ``~/.local/bin`` or conda's ``condabin``, module systems, variables), then a
+conda env activated through the node's conda/mamba/micromamba, or a Python venv.
+
+The command itself never goes through a shell: the login shell runs once, prints its
+environment (as JSON, from this same Python, after a marker so that a chatty profile cannot
+confuse it), and the wrapper starts the exact argv with that environment, as before. That keeps
+the argv exact and the "cannot start 'x' (not on the PATH there)" message, and is the way
+editors pick up a login environment. Standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from gpuclaim.core.errors import GpuclaimError
+
+LOGIN_TIMEOUT_S = 30.0
+# Shells that take ``-l -c SCRIPT ARG0 ARGS`` with POSIX syntax. Others (fish, csh, tcsh, nu)
+# get /bin/sh -l, which reads ~/.profile.
+POSIX_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "yash", "ash", "busybox"})
+MARKER = "\0gpuclaim-env\0"
+_DUMP = f"import json,os,sys;sys.stdout.write({MARKER!r}+json.dumps(dict(os.environ)))"
+# $0: this Python, $1: the dump code, $2: the conda env to activate ("" for none).
+_SCRIPT = """\
+if [ -n "$2" ]; then
+  gc_tool=
+  for t in conda mamba micromamba; do
+    if command -v "$t" >/dev/null 2>&1; then gc_tool=$t; break; fi
+  done
+  if [ -z "$gc_tool" ]; then
+    echo "no conda, mamba or micromamba on the PATH of a login shell" >&2; exit 3
+  fi
+  if [ "$gc_tool" = conda ]; then gc_hook=$(conda shell.posix hook)
+  else gc_hook=$("$gc_tool" shell hook -s posix); fi || {
+    echo "$gc_tool cannot print its shell hook" >&2; exit 3; }
+  eval "$gc_hook"
+  "$gc_tool" activate "$2" >&2 || {
+    echo "conda env '$2' cannot be activated with $gc_tool (does it exist?)" >&2; exit 4; }
+fi
+exec "$0" -c "$1"
+"""
+
+
+def login_shell() -> str:
+    """The user's login shell if it speaks POSIX sh, else /bin/sh."""
+    try:
+        shell = pwd.getpwuid(os.getuid()).pw_shell
+    except KeyError:
+        shell = ""
+    shell = shell or os.environ.get("SHELL") or "/bin/sh"
+    return shell if Path(shell).name in POSIX_SHELLS else "/bin/sh"
+
+
+def job_environment(
+    base: dict[str, str],
+    node: str,
+    login: bool,
+    venv: Optional[str],
+    conda: Optional[str],
+    workdir: str,
+) -> dict[str, str]:
+    """``base`` as the login shell and the conda env leave it, then with the venv first on
+    PATH. A venv path that is relative is the job's workdir's (``--venv .venv``)."""
+    env = dict(base)
+    if login or conda:
+        env = _shell_environment(env, node, login, conda or "")
+    if venv:
+        env = with_venv(env, venv, node, workdir)
+    return env
+
+
+def with_venv(env: dict[str, str], venv: str, node: str, workdir: str) -> dict[str, str]:
+    path = Path(os.path.normpath(Path(workdir) / Path(venv).expanduser()))
+    if not (path / "bin" / "python").is_file():
+        what = "has no bin/python" if path.exists() else "does not exist"
+        raise GpuclaimError(f"venv {venv} {what} on {node}")
+    env = dict(env)
+    env.pop("PYTHONHOME", None)  # as bin/activate does
+    env["VIRTUAL_ENV"] = str(path)
+    env["PATH"] = os.pathsep.join([str(path / "bin"), env.get("PATH", "")]).rstrip(":")
+    return env
+
+
+def _shell_environment(env: dict[str, str], node: str, login: bool, conda: str) -> dict[str, str]:
+    shell = login_shell() if login else "/bin/sh"
+    argv = [shell, *(["-l"] if login else []), "-c", _SCRIPT, sys.executable, _DUMP, conda]
+    said = f"{Path(shell).name} -l" if login else "sh"
+    try:
+        proc = subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=LOGIN_TIMEOUT_S,
+            cwd=str(Path.home()),
+        )
+    except subprocess.TimeoutExpired:
+        raise GpuclaimError(
+            f"the login shell ({said}) did not finish within {LOGIN_TIMEOUT_S:.0f}s on {node}"
+            " (a profile waiting for input?): set login_shell = false for this node"
+        ) from None
+    except OSError as exc:
+        raise GpuclaimError(f"cannot start the login shell {shell} on {node}: {exc}") from None
+    out = proc.stdout.decode("utf-8", "replace")
+    if proc.returncode != 0 or MARKER not in out:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        if conda and proc.returncode in (3, 4):
+            raise GpuclaimError(f"{why} on {node}")
+        raise GpuclaimError(f"the login shell ({said}) failed on {node}: {why}")
+    try:
+        found = json.loads(out.rsplit(MARKER, 1)[1])
+    except ValueError as exc:
+        raise GpuclaimError(
+            f"the login shell's environment on {node} is unreadable: {exc}"
+        ) from None
+    # what the shell itself set about its own run, not the job's
+    return {str(k): str(v) for k, v in found.items() if k not in _SHELL_OWN}
+
+
+_SHELL_OWN = frozenset({"_", "SHLVL", "OLDPWD", "PWD"})
