@@ -41,6 +41,15 @@ def run(
     conda: Optional[str] = typer.Option(
         None, "--conda", metavar="ENV", help="A conda env on the node (conda, mamba or micromamba)."
     ),
+    sync: bool = typer.Option(
+        False,
+        "--sync",
+        help="Copy this directory to the job's nodes first, as .gitignore says; the job runs "
+        "in its own copy.",
+    ),
+    sync_dir: Optional[str] = typer.Option(
+        None, "--sync-dir", metavar="DIR", help="--sync, of DIR instead of this directory."
+    ),
     env: Optional[list[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Env var."),
     uuids: bool = typer.Option(False, "--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs."),
     queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
@@ -60,6 +69,8 @@ def run(
 
     if follow and as_json:
         raise UsageError("--follow prints the job's output, not JSON: use one of them")
+    if (sync or sync_dir is not None) and workdir is not None:
+        raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
     st = state(ctx)
     req = RunRequest(
         user=st.user,
@@ -76,6 +87,7 @@ def run(
         cwd=str(_typed_in()),
         venv=_non_empty(venv, "--venv"),
         conda=_non_empty(conda, "--conda"),
+        sync=_sync_plan(sync_dir if sync_dir is not None else "." if sync else None),
     )
     job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
     if follow:
@@ -521,6 +533,63 @@ def _typed_in() -> Path:
         except OSError:
             pass
     return here
+
+
+def _sync_plan(sync: Optional[str]) -> Any:
+    """What --sync (this directory) or --sync-dir DIR copies."""
+    if sync is None:
+        return None
+    from gpuclaim.app.sync_plan import plan_sync
+
+    if not sync.strip():
+        raise UsageError("--sync-dir wants a directory, e.g. --sync-dir src")
+    return plan_sync(Path(_absolute_workdir(sync) or sync))
+
+
+def pull(
+    ctx: typer.Context,
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
+    ),
+    paths: list[str] = typer.Argument(
+        ..., metavar="PATH...", help="Files or directories, relative to the job's directory."
+    ),
+    rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
+    quiet: bool = quiet_option(),
+) -> None:
+    """Copy files or directories from a job's directory on its node into this one, keeping
+    their relative paths (its --sync copy, or wherever it ran)."""
+    from gpuclaim.engine.job_records import find_job
+
+    st = state(ctx, looking=True)
+    job = find_job(st.store, st.user, name)
+    if rank >= len(job.ranks):
+        raise GpuclaimError(f"job {job.name} has no rank {rank} ({job.state})")
+    r = job.ranks[rank]
+    directory = r.workdir or job.workdir or "~"
+    for p in paths:
+        if not p or p.startswith("/") or ".." in p.split("/"):
+            raise UsageError(f"pull takes paths inside the job's directory, not {p!r}")
+    node = st.config.node(r.node)
+    source = st.ops.pull_source(node, directory, [p.rstrip("/") for p in paths])
+    copier = st.ops.copier
+    if copier is None:
+        raise GpuclaimError("pull needs SSH or a local node to copy through")
+    here = _typed_in()
+    with waiting(f"copying from {node.name}", quiet):
+        copier.pull_tree(
+            node,
+            source["directory"],
+            [p.rstrip("/") for p in paths],
+            str(here),
+            bool(source["rsync"]),
+        )
+    if not quiet:
+        out().print(
+            f"Pulled {', '.join(paths)} from {job.name} on {node.name} into {here}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _non_empty(value: Optional[str], flag: str) -> Optional[str]:

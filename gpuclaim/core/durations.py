@@ -72,3 +72,12 @@ def format_slurm_time(seconds: float) -> str:
     hours, rest = divmod(rest, 3600)
     minutes = rest // 60
     return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"
+
+
+def format_bytes(n: float) -> str:
+    """``1.3 GiB``, ``812 MiB``, ``4 KiB``, ``12 B``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{int(n)} B"

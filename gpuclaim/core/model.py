@@ -352,6 +352,7 @@ class Job:
     cwd: Optional[str] = None  # where `run` was typed (the laptop's path): the default workdir
     venv: Optional[str] = None  # asked with --venv (else the node's or [run]'s, at launch)
     conda: Optional[str] = None
+    synced_from: Optional[str] = None  # run --sync: the laptop's directory it runs a copy of
 
     @property
     def session(self) -> str:
@@ -390,6 +391,7 @@ class Job:
             "venv": first.venv if first and first.workdir else self.venv,
             "conda": first.conda if first and first.workdir else self.conda,
             "cwd": self.cwd,
+            "synced_from": self.synced_from,
             "requested": {"workdir": self.workdir, "venv": self.venv, "conda": self.conda},
             "env": dict(self.env),
             "kind": self.kind,
@@ -435,6 +437,7 @@ class Job:
             port=_opt_int(d.get("port")),
             from_queue=bool(d.get("from_queue", False)),
             cwd=d.get("cwd"),
+            synced_from=d.get("synced_from"),
             venv=asked.get("venv") if asked is not None else None,
             conda=asked.get("conda") if asked is not None else None,
         )

@@ -31,6 +31,7 @@ from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
 from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import find_job, finish_rank, load_jobs, reload_job
+from gpuclaim.engine.sync import SyncPlan, TreeCopier, push_copies
 from gpuclaim.store import Store
 
 CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plus this
@@ -53,6 +54,7 @@ class RunRequest:
     cwd: Optional[str] = None  # where run was typed: the workdir when the node has it
     venv: Optional[str] = None
     conda: Optional[str] = None
+    sync: Optional[SyncPlan] = None  # --sync: copy these files to the job's nodes first
 
 
 class NodeOps:
@@ -84,6 +86,18 @@ class NodeOps:
 
     def facts(self, node: NodeConfig) -> dict[str, Any]:
         return dict(self._call(node, "node_facts"))
+
+    def sync_target(self, node: NodeConfig, key: str, job_id: str) -> dict[str, Any]:
+        return dict(self._call(node, "sync_target", key=key, job_id=job_id))
+
+    def pull_source(self, node: NodeConfig, directory: str, paths: list[str]) -> dict[str, Any]:
+        return dict(self._call(node, "pull_source", directory=directory, paths=paths))
+
+    @property
+    def copier(self) -> Optional[TreeCopier]:
+        """How files travel to and from nodes (rsync or tar over SSH), if this process can."""
+        channels = self.prober.channels
+        return channels if isinstance(channels, TreeCopier) else None
 
 
 def new_job_id() -> str:
@@ -127,6 +141,8 @@ def submit_job(
         raise UsageError("--node pins a job to one node; a gang job (--nodes K) picks its nodes")
     if req.venv and req.conda:
         raise UsageError("--venv and --conda: a job runs in one of them")
+    if req.sync and req.workdir:
+        raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
     time_s = req.time_s if req.time_s is not None else config.limits.default_time_s
     if time_s > config.limits.max_time_s:
         raise UsageError(
@@ -152,10 +168,15 @@ def submit_job(
         cwd=req.cwd,
         venv=req.venv,
         conda=req.conda,
+        synced_from=req.sync.root if req.sync else None,
     )
     ops = ops or NodeOps(config, prober)
     view = build_view(config, store, _nodes_for(config, job), prober=prober)
     _check_fits(config, view, job)
+    if req.sync and req.queue:
+        # the laptop may be closed when it starts: every node it could start on gets a copy
+        nodes = [n for n in _nodes_for(config, job) if n.name not in view.unreachable]
+        job = job.with_(workdir=push_copies(config, ops, nodes, req.sync, job.id))
     if req.queue:
         store.create_job(job=job.to_dict())
         store.enqueue(job_id=job.id)
@@ -166,6 +187,14 @@ def submit_job(
             start_keepers(config, ops, job, view)
         return job
     ranks = place_and_claim(config, store, job, prober, view)
+    if req.sync:
+        try:
+            nodes = [config.node(r.node) for r in ranks]
+            job = job.with_(workdir=push_copies(config, ops, nodes, req.sync, job.id))
+        except GpuclaimError:
+            for r in ranks:  # nothing half-started: the GPUs go back
+                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
+            raise
     job = job.with_(state="starting", ranks=tuple(ranks))
     store.create_job(job=job.to_dict())
     return start_ranks(config, store, job, ops)

@@ -55,6 +55,7 @@ def build_app() -> typer.Typer:
         jobs.jobs
     )
     app.command("logs")(jobs.logs)
+    app.command("pull", short_help="Copy files a job wrote on its node back here.")(jobs.pull)
     app.command("attach")(jobs.attach)
     app.command("kill", short_help="Stop a job on all its nodes, or take it out of the queue.")(
         jobs.kill

@@ -185,6 +185,12 @@ def _notify_deliver(request: dict[str, Any]) -> Any:
     return {"sent": report.sent, "pending": report.pending}
 
 
+def _copies() -> Any:
+    from gpuclaim.node import copies
+
+    return copies
+
+
 _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "probe": _probe,
     "doctor": _doctor,
@@ -196,5 +202,7 @@ _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "node_facts": _node_facts,
     "notify_deliver": _notify_deliver,
     "hardware": _hardware,
+    "sync_target": lambda r: _copies().sync_target(str(r["key"]), str(r["job_id"])),
+    "pull_source": lambda r: _copies().pull_source(str(r["directory"]), list(r["paths"])),
     "ping": lambda r: {"version": __version__, "time": time.time()},
 }

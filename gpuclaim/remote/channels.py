@@ -9,14 +9,17 @@ from __future__ import annotations
 import shlex
 import shutil
 import threading
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.node.channel import LocalChannel
 from gpuclaim.node.tmux import attach_argv
 from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.remote.ssh import config_for_ssh_binary
+
+if TYPE_CHECKING:
+    from gpuclaim.remote.tree_copy import TreeCopies
 
 
 class SshChannel:
@@ -52,6 +55,23 @@ class NodeChannels:
 
     def to_host(self, host: str) -> SshChannel:
         return SshChannel(self.agent, host)
+
+    # -- files to and from nodes (engine.sync.TreeCopier) ----------------------------------
+    def push_tree(
+        self, node: NodeConfig, root: str, files: Sequence[str], target: dict[str, Any]
+    ) -> str:
+        return self._copies.push_tree(node, root, files, target)
+
+    def pull_tree(
+        self, node: NodeConfig, directory: str, paths: Sequence[str], into: str, rsync: bool
+    ) -> str:
+        return self._copies.pull_tree(node, directory, paths, into, rsync)
+
+    @property
+    def _copies(self) -> TreeCopies:
+        from gpuclaim.remote.tree_copy import TreeCopies
+
+        return TreeCopies(lambda: self.agent.pool)
 
     def path_to(self, node: NodeConfig) -> str:
         """How requests reach ``node`` now, in words (doctor)."""

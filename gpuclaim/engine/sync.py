@@ -1,0 +1,82 @@
+"""``run --sync``: the project's files copied to every node of a job before it starts, one
+copy per job (editing code while a job runs never changes what it runs), made incrementally
+against the previous copy of the same project on that node (``--link-dest``: unchanged files
+are hard links, not copies).
+
+On each node the copies live in ``~/.cache/gpuclaim/sync/<project>/<job id>``; the job runs
+there. What is copied is decided on the laptop (``app.sync_plan``); how it travels is the
+channels' business (``TreeCopier``: rsync through the SSH master, or a tar stream).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.errors import GpuclaimError
+
+SYNC_DIR = "~/.cache/gpuclaim/sync"
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What ``--sync`` copies: ``files`` (relative POSIX paths) under ``root``, ``size``
+    bytes in all."""
+
+    root: str
+    files: tuple[str, ...]
+    size: int
+
+    @property
+    def key(self) -> str:
+        """The project's directory name on the nodes: readable, and unique per laptop and
+        path (two projects named ``exp`` never share copies)."""
+        origin = f"{socket.gethostname()}:{self.root}"
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", self.root.rstrip("/").rsplit("/", 1)[-1])
+        return (
+            f"{base.strip('-.')[:40] or 'project'}-{hashlib.sha1(origin.encode()).hexdigest()[:10]}"
+        )
+
+
+@runtime_checkable
+class TreeCopier(Protocol):
+    """Copies files between this machine and a node (``remote.channels`` implements it)."""
+
+    def push_tree(
+        self, node: NodeConfig, root: str, files: Sequence[str], target: dict[str, Any]
+    ) -> str:
+        """Copy ``files`` under ``root`` into ``target["dest"]`` on ``node`` (hard-linking
+        what is unchanged since ``target["link_dest"]``); how it went ("rsync", "tar")."""
+        ...
+
+    def pull_tree(
+        self, node: NodeConfig, directory: str, paths: Sequence[str], into: str, rsync: bool
+    ) -> str:
+        """Copy ``paths`` (relative to ``directory`` on ``node``) into ``into`` here."""
+        ...
+
+
+def job_copy_dir(plan: SyncPlan, job_id: str) -> str:
+    """The job's copy on every node, ``~``-relative so that each node expands its own home."""
+    return f"{SYNC_DIR}/{plan.key}/{job_id}"
+
+
+def push_copies(
+    config: Config, ops: Any, nodes: Sequence[NodeConfig], plan: SyncPlan, job_id: str
+) -> str:
+    """Copy the project to each of ``nodes``; the job's workdir (the same on all of them)."""
+    copier = ops.copier
+    if copier is None:
+        raise GpuclaimError("--sync needs SSH or a local node to copy through")
+    for node in nodes:
+        target = ops.sync_target(node, plan.key, job_id)
+        try:
+            copier.push_tree(node, plan.root, plan.files, target)
+        except GpuclaimError as exc:
+            raise GpuclaimError(f"--sync to {node.name} failed: {exc.message}") from None
+    return job_copy_dir(plan, job_id)

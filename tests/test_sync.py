@@ -1,0 +1,239 @@
+"""[workenv] ``run --sync`` and ``pull`` through the CLI on the sshd testbed: the project's
+files reach every node of the job as .gitignore says, each job keeps its own copy (made
+incrementally), and what a job wrote comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+# Lists what the job sees in its directory (relative paths, sorted) and reads one file.
+LIST = (
+    "import json, os\n"
+    "found = sorted(os.path.relpath(os.path.join(d, f), '.') for d, _, fs in os.walk('.') "
+    "for f in fs)\n"
+    "print(json.dumps({'cwd': os.getcwd(), 'files': found, "
+    "'v': open('v.txt').read() if os.path.exists('v.txt') else None}))\n"
+)
+ODD = ["with space.py", "quo'te\".txt", "ünï ✓.txt", "sub dir/deep/x.cfg"]
+
+
+def _project(root: Path, git: bool = True) -> Path:
+    root.mkdir(parents=True)
+    (root / "list.py").write_text(LIST)
+    (root / "v.txt").write_text("one")
+    for name in ODD:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    (root / ".gitignore").write_text("*.ckpt\ndata/\n")
+    (root / "model.ckpt").write_text("big")
+    (root / "data").mkdir()
+    (root / "data" / "set.bin").write_text("data")
+    (root / "sub dir" / ".gitignore").write_text("local.tmp\n")
+    (root / "sub dir" / "local.tmp").write_text("scratch")
+    if git:
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        subprocess.run(["git", "-C", str(root), "add", "list.py", "v.txt"], check=True)
+    return root
+
+
+EXPECTED = sorted([".gitignore", "list.py", "v.txt", "sub dir/.gitignore", *ODD])
+
+
+def _job(c, name):
+    return next(r for r in c.json("jobs", "--all") if r["name"] == name)
+
+
+def _wait(c, name, timeout=40.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(c, name)
+        if job["state"] in ("succeeded", "failed", "killed", "timeout", "lost"):
+            return job
+        assert time.monotonic() < deadline, f"{name} stuck in {job['state']}"
+        time.sleep(0.3)
+
+
+def _listed(c, name):
+    job = _wait(c, name)
+    log = c.ok("logs", name, "-n", "0")
+    assert job["state"] == "succeeded", (job, log)
+    return json.loads(log.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def c(testbed, make_remote):
+    return make_remote(testbed, kill_grace="2s", heartbeat="1s")
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["git", "no-git"])
+def test_sync_copies_the_project_as_gitignore_says_and_runs_in_the_copy(c, tmp_path, git):
+    project = _project(tmp_path / "proj", git=git)
+    proc = c.cli(
+        "run",
+        "--node",
+        "node01",
+        "--name",
+        "s1",
+        "--sync",
+        "--json",
+        "--",
+        "python3",
+        "list.py",
+        cwd=project,
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = _listed(c, "s1")
+    assert listed["files"] == EXPECTED  # names intact; no .git, no ignored files
+    home = c.testbed.node_dir("node01") / "home"
+    job = _job(c, "s1")
+    assert listed["cwd"] == job["workdir"] and listed["cwd"].startswith(str(home / ".cache"))
+    assert job["synced_from"] == str(project)
+    for name in ODD:
+        assert (Path(listed["cwd"]) / name).read_text() == name
+
+
+def test_each_job_keeps_its_own_copy_and_a_change_reaches_the_next_run(c, tmp_path):
+    project = _project(tmp_path / "proj")
+    slow = "import time; time.sleep(3); print(open('v.txt').read())"
+    first = c.cli(
+        "run",
+        "--node",
+        "node01",
+        "--name",
+        "old",
+        "--sync",
+        "--",
+        "python3",
+        "-c",
+        slow,
+        cwd=project,
+    )
+    assert first.returncode == 0, first.stderr
+    # --sync-dir: the same project, typed from elsewhere
+    (project / "v.txt").write_text("two")  # edited while the first job runs
+    proc = c.cli(
+        "run",
+        "--node",
+        "node01",
+        "--name",
+        "new",
+        "--sync-dir",
+        str(project),
+        "--",
+        "python3",
+        "list.py",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _listed(c, "new")["v"] == "two"
+    _wait(c, "old")
+    assert c.ok("logs", "old", "-n", "0").strip().splitlines()[-1] == "one"
+    # incremental: what did not change is a hard link to the earlier copy, not a new file
+    a, b = (Path(_job(c, n)["workdir"]) for n in ("old", "new"))
+    assert a != b
+    assert (a / "list.py").stat().st_ino == (b / "list.py").stat().st_ino
+    assert (a / "v.txt").stat().st_ino != (b / "v.txt").stat().st_ino
+
+
+def test_a_gang_job_gets_the_copy_on_every_node(c, tmp_path):
+    project = _project(tmp_path / "proj")
+    proc = c.cli(
+        "run",
+        "--nodes",
+        "2",
+        "-n",
+        "1",
+        "--name",
+        "gang",
+        "--sync",
+        "--",
+        "python3",
+        "list.py",
+        cwd=project,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job = _wait(c, "gang")
+    assert job["state"] == "succeeded"
+    for node in job["nodes"]:
+        copy = Path(str(job["workdir"]).replace("~", str(c.testbed.node_dir(node) / "home"), 1))
+        assert (copy / "list.py").is_file() and (copy / "ünï ✓.txt").is_file(), node
+
+
+WRITE = (
+    "import os; os.makedirs('out/run 1', exist_ok=True)\n"
+    "open('out/run 1/metrics.json', 'w').write('{\"loss\": 0.5}')\n"
+    "open('ünï result.txt', 'w').write('done')\n"
+)
+
+
+@pytest.mark.parametrize("client", ["auto", "fabric"])
+def test_pull_brings_back_what_the_job_wrote(testbed, make_remote, tmp_path, client):
+    c = make_remote(testbed, ssh_client=client)
+    project = _project(tmp_path / "proj")
+    c.ok(
+        "run",
+        "--node",
+        "node02",
+        "--name",
+        "w",
+        "--sync-dir",
+        str(project),
+        "--",
+        "python3",
+        "-c",
+        WRITE,
+    )
+    assert _wait(c, "w")["state"] == "succeeded"
+    back = tmp_path / "back"
+    back.mkdir()
+    proc = c.cli("pull", "w", "out", "ünï result.txt", cwd=back)
+    assert proc.returncode == 0, proc.stderr
+    assert (back / "out" / "run 1" / "metrics.json").read_text() == '{"loss": 0.5}'
+    assert (back / "ünï result.txt").read_text() == "done"
+    # a path that is not there, or outside the job's directory: one line each
+    missing = c.cli("pull", "w", "nope.txt", cwd=back)
+    assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1, missing.stderr
+    assert "not in the job's directory" in missing.stderr and "nope.txt" in missing.stderr
+    outside = c.cli("pull", "w", "../../etc", cwd=back)
+    assert outside.returncode == 2, outside.stderr
+    assert outside.stderr.splitlines() == [
+        "gpuclaim: error: pull takes paths inside the job's directory, not '../../etc'"
+    ]
+
+
+def test_sync_over_fabric_is_a_tar_stream(testbed, make_remote, tmp_path):
+    c = make_remote(testbed, ssh_client="fabric")
+    project = _project(tmp_path / "proj")
+    proc = c.cli(
+        "run", "--node", "node03", "--name", "ft", "--sync", "--", "python3", "list.py", cwd=project
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _listed(c, "ft")["files"] == EXPECTED
+
+
+def test_a_huge_or_missing_sync_is_one_line_and_nothing_starts(c, tmp_path):
+    project = _project(tmp_path / "proj", git=False)
+    with open(project / "weights.bin", "wb") as fh:  # sparse: 1.2 GiB that takes no disk
+        fh.truncate(1288490189)
+    proc = c.cli("run", "--name", "big", "--sync", "--", "python3", "list.py", cwd=project)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert (
+        lines[0].startswith("gpuclaim: error: --sync would copy 1.2 GiB (")
+        and "weights.bin" in lines[0]
+    )
+    assert c.json("jobs", "--all") == [] and all(r["state"] == "free" for r in c.status())
+    nowhere = c.cli("run", "--sync-dir", str(tmp_path / "nope"), "--", "true")
+    assert nowhere.returncode == 2
+    assert nowhere.stderr.splitlines() == [
+        f"gpuclaim: error: --sync {tmp_path / 'nope'}: does not exist"
+    ]
+    both = c.cli("run", "--sync", "-C", "/tmp", "--", "true", cwd=project)
+    assert both.returncode == 2 and "--workdir cannot say otherwise" in both.stderr
+    assert not (c.testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "sync").exists()
+    assert os.listdir(project)  # the project untouched
