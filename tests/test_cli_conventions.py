@@ -56,7 +56,7 @@ NO_JSON = {
     ("export", "sbatch"): "prints a script",
 }
 # Commands that act take -q/--quiet: nothing but errors, the exit code says the rest.
-QUIET = {"claim", "release", "extend", "run", "kill", "gc", "drain", "undrain"}
+QUIET = {"claim", "release", "extend", "run", "kill", "gc", "drain", "undrain", "pull"}
 
 
 def options_of(path: tuple[str, ...]) -> set[str]:

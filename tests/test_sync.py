@@ -195,6 +195,11 @@ def test_pull_brings_back_what_the_job_wrote(testbed, make_remote, tmp_path, cli
     assert proc.returncode == 0, proc.stderr
     assert (back / "out" / "run 1" / "metrics.json").read_text() == '{"loss": 0.5}'
     assert (back / "ünï result.txt").read_text() == "done"
+    again = tmp_path / "again"
+    again.mkdir()
+    quiet = c.cli("pull", "-q", "w", "out/run 1/metrics.json", cwd=again)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    assert (again / "out" / "run 1" / "metrics.json").is_file()
     # a path that is not there, or outside the job's directory: one line each
     missing = c.cli("pull", "w", "nope.txt", cwd=back)
     assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1, missing.stderr
@@ -237,3 +242,30 @@ def test_a_huge_or_missing_sync_is_one_line_and_nothing_starts(c, tmp_path):
     assert both.returncode == 2 and "--workdir cannot say otherwise" in both.stderr
     assert not (c.testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "sync").exists()
     assert os.listdir(project)  # the project untouched
+
+
+def test_a_queued_sync_job_finds_its_copy_when_it_starts(c, tmp_path):
+    """The laptop may be closed when a queued job starts: its copy is made at submit, on
+    every node it could start on, and the node that starts it runs in it."""
+    project = _project(tmp_path / "proj")
+    blocker = c.json("claim", "-n", "4", "--node", "node01", "--time", "1h")
+    proc = c.cli(
+        "run",
+        "--node",
+        "node01",
+        "-n",
+        "4",
+        "--queue",
+        "--name",
+        "qs",
+        "--sync",
+        "--",
+        "python3",
+        "list.py",
+        cwd=project,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (project / "v.txt").write_text("edited after submit")  # not what the queued job runs
+    c.ok("release", blocker["id"])
+    listed = _listed(c, "qs")
+    assert listed["files"] == EXPECTED and listed["v"] == "one"

@@ -18,13 +18,20 @@ from gpuclaim.engine.sync import SyncPlan
 MAX_SYNC_BYTES = 1 << 30  # 1 GiB: data and checkpoints belong on shared storage, not in a copy
 
 
-def plan_sync(root: Path, max_bytes: int = MAX_SYNC_BYTES) -> SyncPlan:
+def plan_sync(
+    root: Path, max_bytes: int = MAX_SYNC_BYTES, exclude: tuple[str, ...] = ()
+) -> SyncPlan:
+    """The files under ``root`` to copy, less ``exclude`` (.gitignore patterns: the project
+    file's ``sync_exclude``)."""
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         raise UsageError(f"--sync {root}: {what}")
     root = root.absolute()
     listed = _git_files(root)
     files = listed if listed is not None else _walk(root)
+    if exclude:
+        extra = pathspec.GitIgnoreSpec.from_lines(exclude)
+        files = [f for f in files if not _excluded_by(extra, f)]
     sizes: dict[str, int] = {}
     for rel in files:
         try:
@@ -92,3 +99,11 @@ def _walk(root: Path) -> list[str]:
 def _ignored(specs: list[tuple[str, pathspec.PathSpec]], rel: str) -> bool:
     """Whether a .gitignore above ``rel`` (a directory ends with "/") excludes it."""
     return any(spec.match_file(rel[len(base) :]) for base, spec in specs)
+
+
+def _excluded_by(spec: pathspec.PathSpec, rel: str) -> bool:
+    """``rel`` or a directory above it matches (a pattern ``wandb/`` takes all below it)."""
+    parts = rel.split("/")
+    return spec.match_file(rel) or any(
+        spec.match_file("/".join(parts[:i]) + "/") for i in range(1, len(parts))
+    )

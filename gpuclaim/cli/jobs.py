@@ -6,13 +6,13 @@ import os
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
+from gpuclaim.cli.files import absolute_workdir, sync_request, typed_in
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
 
@@ -22,8 +22,12 @@ RUN_CONTEXT = {"allow_interspersed_args": False}  # everything after the command
 def run(
     ctx: typer.Context,
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARG]...", show_default=False),
-    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs (per node)."),
-    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes, for a gang job (torchrun)."),
+    count: Optional[int] = typer.Option(
+        None, "-n", "--count", min=1, help="GPUs (per node) [default: 1, or the project's]."
+    ),
+    nodes: Optional[int] = typer.Option(
+        None, "--nodes", min=1, help="Nodes, for a gang job (torchrun)."
+    ),
     node: Optional[str] = typer.Option(
         None, "--node", help="Run on this node.", autocompletion=completion.complete_nodes
     ),
@@ -41,11 +45,11 @@ def run(
     conda: Optional[str] = typer.Option(
         None, "--conda", metavar="ENV", help="A conda env on the node (conda, mamba or micromamba)."
     ),
-    sync: bool = typer.Option(
-        False,
-        "--sync",
+    sync: Optional[bool] = typer.Option(
+        None,
+        "--sync/--no-sync",
         help="Copy this directory to the job's nodes first, as .gitignore says; the job runs "
-        "in its own copy.",
+        "in its own copy. --no-sync: not even if the project file says sync = true.",
     ),
     sync_dir: Optional[str] = typer.Option(
         None, "--sync-dir", metavar="DIR", help="--sync, of DIR instead of this directory."
@@ -71,23 +75,29 @@ def run(
         raise UsageError("--follow prints the job's output, not JSON: use one of them")
     if (sync or sync_dir is not None) and workdir is not None:
         raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+    from gpuclaim.app.project import find_project
+
+    here = typed_in()
+    project = find_project(here)  # gpuclaim.toml or [tool.gpuclaim]: below the flags
+    flagged_env = _parse_env(env or [])
+    named = _non_empty(venv, "--venv"), _non_empty(conda, "--conda")
     st = state(ctx)
     req = RunRequest(
         user=st.user,
         argv=tuple(command),
         name=name,
-        count=count,
-        nodes=nodes,
+        count=count or project.gpus or 1,
+        nodes=nodes or project.nodes or 1,
         node=node,
-        time_s=parse_duration(time_) if time_ else None,
-        workdir=_absolute_workdir(workdir),
-        env=_parse_env(env or []),
+        time_s=parse_duration(time_) if time_ else project.time_s,
+        workdir=absolute_workdir(workdir),
+        env=tuple(sorted({**dict(project.env), **dict(flagged_env)}.items())),
         visible_as="uuid" if uuids else "index",
         queue=queue or wait,
-        cwd=str(_typed_in()),
-        venv=_non_empty(venv, "--venv"),
-        conda=_non_empty(conda, "--conda"),
-        sync=_sync_plan(sync_dir if sync_dir is not None else "." if sync else None),
+        cwd=str(here),
+        venv=named[0] or (None if named[1] else project.venv),
+        conda=named[1] or (None if named[0] else project.conda),
+        **sync_request(sync, sync_dir, workdir, project, here),
     )
     job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
     if follow:
@@ -233,6 +243,16 @@ def _print_job_started(job: Any, hints: bool = True) -> None:
             console.print(f"  logs:   gpuclaim logs {job.name}")
         return
     console.print(f"Started {job.name} on {where} ({job.state}), tmux session {job.session}.")
+    if job.synced:
+        from gpuclaim.core.durations import format_bytes
+
+        copied = job.synced
+        console.print(
+            f"  copied: {copied['files']} files ({format_bytes(copied['bytes'])}) of "
+            f"{job.synced_from} in {copied['seconds']:.1f}s, to {job.workdir}",
+            markup=False,
+            highlight=False,
+        )
     if hints:
         console.print(f"  logs:   gpuclaim logs {job.name} -f")
         console.print(f"  attach: gpuclaim attach {job.name}")
@@ -508,88 +528,6 @@ def notebook(
         f"  {tunnel}\n"
         f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
     )
-
-
-def _absolute_workdir(workdir: Optional[str]) -> Optional[str]:
-    """A relative --workdir means the directory ``run`` was typed in, here on the laptop, so
-    the job gets it as an absolute path. ``~`` stays for the node to expand: its home, as in
-    ssh."""
-    if workdir is None or workdir.startswith("~") or Path(workdir).is_absolute():
-        return workdir
-    if not workdir:
-        raise UsageError("--workdir wants a directory, e.g. --workdir . for this one")
-    return os.path.normpath(_typed_in() / workdir)
-
-
-def _typed_in() -> Path:
-    """The directory the command was typed in, as the shell's ``$PWD`` spells it (symlinks
-    kept, when that is this directory): the path a shared home has on the nodes too."""
-    here = Path.cwd()
-    pwd = os.environ.get("PWD")
-    if pwd and Path(pwd).is_absolute():
-        try:
-            if Path(pwd).samefile(here):
-                return Path(pwd)
-        except OSError:
-            pass
-    return here
-
-
-def _sync_plan(sync: Optional[str]) -> Any:
-    """What --sync (this directory) or --sync-dir DIR copies."""
-    if sync is None:
-        return None
-    from gpuclaim.app.sync_plan import plan_sync
-
-    if not sync.strip():
-        raise UsageError("--sync-dir wants a directory, e.g. --sync-dir src")
-    return plan_sync(Path(_absolute_workdir(sync) or sync))
-
-
-def pull(
-    ctx: typer.Context,
-    name: str = typer.Argument(
-        ..., metavar="NAME", help="Job name or id.", autocompletion=completion.complete_jobs
-    ),
-    paths: list[str] = typer.Argument(
-        ..., metavar="PATH...", help="Files or directories, relative to the job's directory."
-    ),
-    rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
-    quiet: bool = quiet_option(),
-) -> None:
-    """Copy files or directories from a job's directory on its node into this one, keeping
-    their relative paths (its --sync copy, or wherever it ran)."""
-    from gpuclaim.engine.job_records import find_job
-
-    st = state(ctx, looking=True)
-    job = find_job(st.store, st.user, name)
-    if rank >= len(job.ranks):
-        raise GpuclaimError(f"job {job.name} has no rank {rank} ({job.state})")
-    r = job.ranks[rank]
-    directory = r.workdir or job.workdir or "~"
-    for p in paths:
-        if not p or p.startswith("/") or ".." in p.split("/"):
-            raise UsageError(f"pull takes paths inside the job's directory, not {p!r}")
-    node = st.config.node(r.node)
-    source = st.ops.pull_source(node, directory, [p.rstrip("/") for p in paths])
-    copier = st.ops.copier
-    if copier is None:
-        raise GpuclaimError("pull needs SSH or a local node to copy through")
-    here = _typed_in()
-    with waiting(f"copying from {node.name}", quiet):
-        copier.pull_tree(
-            node,
-            source["directory"],
-            [p.rstrip("/") for p in paths],
-            str(here),
-            bool(source["rsync"]),
-        )
-    if not quiet:
-        out().print(
-            f"Pulled {', '.join(paths)} from {job.name} on {node.name} into {here}",
-            markup=False,
-            highlight=False,
-        )
 
 
 def _non_empty(value: Optional[str], flag: str) -> Optional[str]:

@@ -353,6 +353,7 @@ class Job:
     venv: Optional[str] = None  # asked with --venv (else the node's or [run]'s, at launch)
     conda: Optional[str] = None
     synced_from: Optional[str] = None  # run --sync: the laptop's directory it runs a copy of
+    synced: Optional[dict[str, Any]] = None  # ... and what copying it took (files, seconds)
 
     @property
     def session(self) -> str:
@@ -392,6 +393,7 @@ class Job:
             "conda": first.conda if first and first.workdir else self.conda,
             "cwd": self.cwd,
             "synced_from": self.synced_from,
+            "synced": self.synced,
             "requested": {"workdir": self.workdir, "venv": self.venv, "conda": self.conda},
             "env": dict(self.env),
             "kind": self.kind,
@@ -438,6 +440,7 @@ class Job:
             from_queue=bool(d.get("from_queue", False)),
             cwd=d.get("cwd"),
             synced_from=d.get("synced_from"),
+            synced=d.get("synced") if isinstance(d.get("synced"), dict) else None,
             venv=asked.get("venv") if asked is not None else None,
             conda=asked.get("conda") if asked is not None else None,
         )

@@ -55,6 +55,7 @@ class RunRequest:
     venv: Optional[str] = None
     conda: Optional[str] = None
     sync: Optional[SyncPlan] = None  # --sync: copy these files to the job's nodes first
+    sync_subdir: str = ""  # ... and run in this directory of the copy (typed in below its root)
 
 
 class NodeOps:
@@ -176,7 +177,8 @@ def submit_job(
     if req.sync and req.queue:
         # the laptop may be closed when it starts: every node it could start on gets a copy
         nodes = [n for n in _nodes_for(config, job) if n.name not in view.unreachable]
-        job = job.with_(workdir=push_copies(config, ops, nodes, req.sync, job.id))
+        workdir, copied = push_copies(config, ops, nodes, req.sync, job.id)
+        job = job.with_(workdir=_inside(workdir, req.sync_subdir), synced=copied)
     if req.queue:
         store.create_job(job=job.to_dict())
         store.enqueue(job_id=job.id)
@@ -190,7 +192,8 @@ def submit_job(
     if req.sync:
         try:
             nodes = [config.node(r.node) for r in ranks]
-            job = job.with_(workdir=push_copies(config, ops, nodes, req.sync, job.id))
+            workdir, copied = push_copies(config, ops, nodes, req.sync, job.id)
+            job = job.with_(workdir=_inside(workdir, req.sync_subdir), synced=copied)
         except GpuclaimError:
             for r in ranks:  # nothing half-started: the GPUs go back
                 release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
@@ -198,6 +201,10 @@ def submit_job(
     job = job.with_(state="starting", ranks=tuple(ranks))
     store.create_job(job=job.to_dict())
     return start_ranks(config, store, job, ops)
+
+
+def _inside(copy: str, subdir: str) -> str:
+    return f"{copy}/{subdir}" if subdir else copy
 
 
 def _nodes_for(config: Config, job: Job) -> list[NodeConfig]:

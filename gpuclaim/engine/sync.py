@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.fanout import fan_out
 
 SYNC_DIR = "~/.cache/gpuclaim/sync"
 
@@ -68,15 +70,30 @@ def job_copy_dir(plan: SyncPlan, job_id: str) -> str:
 
 def push_copies(
     config: Config, ops: Any, nodes: Sequence[NodeConfig], plan: SyncPlan, job_id: str
-) -> str:
-    """Copy the project to each of ``nodes``; the job's workdir (the same on all of them)."""
+) -> tuple[str, dict[str, Any]]:
+    """Copy the project to each of ``nodes``, all at once; the job's workdir (the same on
+    all of them) and what the copy took (files, bytes, seconds, how, per node)."""
     copier = ops.copier
     if copier is None:
         raise GpuclaimError("--sync needs SSH or a local node to copy through")
-    for node in nodes:
+    started = time.monotonic()
+
+    def one(name: str) -> str:
+        node = config.node(name)
         target = ops.sync_target(node, plan.key, job_id)
-        try:
-            copier.push_tree(node, plan.root, plan.files, target)
-        except GpuclaimError as exc:
-            raise GpuclaimError(f"--sync to {node.name} failed: {exc.message}") from None
-    return job_copy_dir(plan, job_id)
+        return str(copier.push_tree(node, plan.root, plan.files, target))
+
+    outcomes = fan_out([n.name for n in nodes], one, COPY_DEADLINE_S)
+    for name, outcome in outcomes.items():
+        if not outcome.ok:
+            raise GpuclaimError(f"--sync to {name} failed: {outcome.error}")
+    stats = {
+        "files": len(plan.files),
+        "bytes": plan.size,
+        "seconds": round(time.monotonic() - started, 3),
+        "how": {name: outcome.value for name, outcome in outcomes.items()},
+    }
+    return job_copy_dir(plan, job_id), stats
+
+
+COPY_DEADLINE_S = 3600.0

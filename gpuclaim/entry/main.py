@@ -23,7 +23,7 @@ def build_app() -> typer.Typer:
     """The typer app: the global options (common.root) and every command."""
     import typer
 
-    from gpuclaim.cli import admin, claim, export, history, jobs, settings, setup, status
+    from gpuclaim.cli import admin, claim, export, files, history, jobs, settings, setup, status
     from gpuclaim.cli.common import root
     from gpuclaim.entry import board_command as board
 
@@ -55,7 +55,7 @@ def build_app() -> typer.Typer:
         jobs.jobs
     )
     app.command("logs")(jobs.logs)
-    app.command("pull", short_help="Copy files a job wrote on its node back here.")(jobs.pull)
+    app.command("pull", short_help="Copy files a job wrote on its node back here.")(files.pull)
     app.command("attach")(jobs.attach)
     app.command("kill", short_help="Stop a job on all its nodes, or take it out of the queue.")(
         jobs.kill

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""``run --sync`` of a project tree against plain ``rsync -a`` over the same SSH, same node,
+same run.
+
+    python bench/sync.py [--mb 200] [--files 2000] [--repeat 3]
+
+The tree: ``--files`` files, ``--mb`` MB in all (a few large incompressible files and many
+small ones, as code plus a small dataset). Each measured:
+  rsync first   ``rsync -a -e 'ssh <the same master>' tree/ node:plain/`` into an empty dir
+  rsync incr    the same again after 20 small files changed (rsync's own in-place update)
+  sync first    ``gpuclaim run --sync -- true`` with no earlier copy on the node: the copy's
+                own time as the job records it (``synced.seconds``), and the whole ``run``
+  sync incr     the same after the same 20 changes: a new copy per job, unchanged files
+                hard-linked to the previous one (``--link-dest``)
+Medians of ``--repeat``. The target ([workenv]): sync incr <= 1.2x rsync incr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from testbed import Testbed  # noqa: E402
+
+from gpuclaim.app.configfile import render_config  # noqa: E402
+
+
+def make_tree(root: Path, mb: int, files: int) -> list[Path]:
+    """``files`` files, ``mb`` MB: 10 large ones carry 90 % of it, the rest are small."""
+    big_n = 10
+    big = int(mb * 1e6 * 0.9 / big_n)
+    small = int(mb * 1e6 * 0.1 / max(1, files - big_n))
+    small_files = []
+    for i in range(files):
+        sub = root / f"pkg{i % 20:02d}" / f"mod{i % 7}"
+        sub.mkdir(parents=True, exist_ok=True)
+        path = sub / (f"data{i}.bin" if i < big_n else f"file{i}.py")
+        path.write_bytes(os.urandom(big if i < big_n else small))
+        if i >= big_n:
+            small_files.append(path)
+    return small_files
+
+
+def touch_some(small: list[Path], round_: int) -> None:
+    for path in small[round_ * 20 : round_ * 20 + 20]:
+        path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not shutil.which("rsync"):
+        raise SystemExit("bench/sync.py needs rsync (apt-get install rsync)")
+    work = Path(tempfile.mkdtemp(prefix="gcsync-"))
+    tb = Testbed.up(1, gpus=4)
+    try:
+        node = tb.nodes[0]
+        env = {**os.environ, **tb.env()}
+        tree = work / "project"
+        small = make_tree(tree, args.mb, args.files)
+        (work / "store").mkdir()
+        config = work / "config.toml"
+        config.write_text(
+            render_config(
+                cluster="bench",
+                nodes=tb.nodes,
+                storage=str(work / "store"),
+                ssh_config=str(tb.ssh_config),
+            )
+        )
+        runtime = Path(tempfile.mkdtemp(prefix="gcs-", dir="/tmp"))  # short socket paths
+        genv = {
+            **env,
+            "GPUCLAIM_CONFIG": str(config),
+            "GPUCLAIM_HOME": str(work / "home"),
+            "XDG_RUNTIME_DIR": str(runtime),
+        }
+        # the master gpuclaim keeps, so both sides reuse one connection
+        subprocess.run(
+            [sys.executable, "-m", "gpuclaim", "status", "--json"], env=genv, capture_output=True
+        )
+        ssh = (
+            f"ssh -F {tb.ssh_config} -o ControlMaster=auto"
+            f" -o ControlPath={runtime}/gpuclaim-cm/%C -o ControlPersist=10m"
+        )
+        home = tb.node_dir(node) / "home"
+
+        def plain(dest: str) -> float:
+            t0 = time.perf_counter()
+            subprocess.run(
+                ["rsync", "-a", "-e", ssh, f"{tree}/", f"{node}:{dest}/"], env=env, check=True
+            )
+            return time.perf_counter() - t0
+
+        def sync(name: str) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            argv = ["run", "--name", name, "--sync", "--json", "--", "true"]
+            proc = subprocess.run(
+                [sys.executable, "-m", "gpuclaim", *argv],
+                env=genv,
+                cwd=tree,
+                capture_output=True,
+                text=True,
+            )
+            whole = time.perf_counter() - t0
+            if proc.returncode != 0:
+                raise SystemExit(f"run --sync failed: {proc.stderr.strip()}")
+            return float(json.loads(proc.stdout)["synced"]["seconds"]), whole
+
+        rows: dict[str, list[float]] = {k: [] for k in ("rsync first", "rsync incr")}
+        rows.update({k: [] for k in ("sync first", "sync incr", "run first", "run incr")})
+        for r in range(args.repeat):
+            shutil.rmtree(home / "plain", ignore_errors=True)
+            shutil.rmtree(home / ".cache" / "gpuclaim" / "sync", ignore_errors=True)
+            rows["rsync first"].append(plain(str(home / "plain")))
+            copy, whole = sync(f"first{r}")
+            rows["sync first"].append(copy)
+            rows["run first"].append(whole)
+            touch_some(small, r)
+            rows["rsync incr"].append(plain(str(home / "plain")))
+            copy, whole = sync(f"incr{r}")
+            rows["sync incr"].append(copy)
+            rows["run incr"].append(whole)
+        table = {k: statistics.median(v) for k, v in rows.items()}
+    finally:
+        tb.down()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(table))
+        return
+    print(f"\nrun --sync, {args.files} files, {args.mb} MB, median of {args.repeat}, seconds")
+    for k, v in table.items():
+        print(f"{k:<12} {v:8.3f}")
+    print(
+        f"\nratios: sync first / rsync first {table['sync first'] / table['rsync first']:.2f}"
+        f"   sync incr / rsync incr {table['sync incr'] / table['rsync incr']:.2f}"
+        " (target <= 1.2)"
+    )
+
+
+if __name__ == "__main__":
+    main()
