@@ -5,7 +5,7 @@ the plain tools, measured side by side in the same run, as one table of medians 
     python bench/run_all.py [--quick]
 
 Each part is its own script (run them alone for details): startup.py, claims.py, fanout.py,
-jobstart.py, board.py. Machines are noisy: read the ratios, never a lone absolute time.
+jobstart.py, board.py, sync.py. Machines are noisy: read the ratios, never a lone absolute time.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main() -> None:
     )
     jobs = last_json(run("jobstart.py", "--repeat", "3" if args.quick else "5", "--json"))
     board = run("board.py", "--repeat", "10", "--idle", "10", "--transport", "ssh", "--nodes", "16")
+    synced = last_json(run("sync.py", "--repeat", "2" if args.quick else "3", "--json"))
     total = time.monotonic() - t0
 
     print(
@@ -101,6 +102,14 @@ def main() -> None:
     print(board.strip() + "\n")
     print("## 6. Memory (peak RSS, 32 nodes)\n")
     print(f"status {startup['status_rss_mib']:.0f} MiB, board {startup['board_rss_mib']:.0f} MiB\n")
+    print("## 7. run --sync (2,000 files, 200 MB) against plain rsync over the same master\n")
+    print(
+        f"first: rsync {synced['rsync first']:.3f} s, sync {synced['sync first']:.3f} s "
+        f"({synced['sync first'] / synced['rsync first']:.2f}x); incremental: rsync "
+        f"{synced['rsync incr']:.3f} s, sync {synced['sync incr']:.3f} s "
+        f"({synced['sync incr'] / synced['rsync incr']:.2f}x, target <= 1.2); whole run "
+        f"{synced['run incr']:.3f} s\n"
+    )
     print(f"(whole suite: {total:.0f} s)")
 
 

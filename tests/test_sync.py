@@ -269,3 +269,45 @@ def test_a_queued_sync_job_finds_its_copy_when_it_starts(c, tmp_path):
     c.ok("release", blocker["id"])
     listed = _listed(c, "qs")
     assert listed["files"] == EXPECTED and listed["v"] == "one"
+
+
+def test_gc_removes_copies_of_jobs_ended_long_ago_and_orphans(testbed, make_remote, tmp_path):
+    c = make_remote(testbed, extra_toml='\n[run]\nkeep_copies = "1s"\n')
+    project = _project(tmp_path / "proj")
+    for name, argv in (("done", ["true"]), ("busy", ["sleep", "60"])):
+        proc = c.cli("run", "--node", "node01", "--name", name, "--sync", "--", *argv, cwd=project)
+        assert proc.returncode == 0, proc.stderr
+    assert _wait(c, "done")["state"] == "succeeded"
+    home = c.testbed.node_dir("node01") / "home"
+    done, busy = (
+        Path(str(_job(c, n)["workdir"]).replace("~", str(home), 1)) for n in ("done", "busy")
+    )
+    orphan = done.parent / "j-0rphan0000"  # a copy whose run never made a job
+    orphan.mkdir()
+    os.utime(orphan, (time.time() - 2 * 86400,) * 2)
+    time.sleep(1.5)
+    report = c.json("gc")
+    assert report["sync_copies_removed"]["node01"] == 2, report
+    assert not done.exists() and not orphan.exists()
+    assert (busy / "list.py").is_file()  # its job still runs from it
+    c.ok("kill", "busy")
+
+
+def test_a_node_without_rsync_gets_a_tar_stream_over_the_ssh_binary(
+    make_testbed, make_remote, tmp_path
+):
+    tb = make_testbed(1, without=("rsync",))
+    c = make_remote(tb)
+    project = _project(tmp_path / "proj")
+    proc = c.cli("run", "--name", "nr", "--sync", "--", "python3", "list.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert _listed(c, "nr")["files"] == EXPECTED
+    assert _job(c, "nr")["synced"]["how"] == {"node01": "tar"}
+    # and back: pull without rsync on the node
+    proc = c.cli("run", "--name", "nw", "--sync", "--", "python3", "-c", WRITE, cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert _wait(c, "nw")["state"] == "succeeded"
+    back = tmp_path / "back"
+    back.mkdir()
+    assert c.cli("pull", "nw", "out", cwd=back).returncode == 0
+    assert (back / "out" / "run 1" / "metrics.json").is_file()

@@ -194,6 +194,8 @@ class Testbed:
         self.gpus: int = int(info.get("gpus", 4))
         self.delay_ms: int = int(info.get("delay_ms", 0))
         self.nvml: bool = bool(info.get("nvml", False))
+        # commands the nodes lack (their PATH: every system command but these)
+        self.without: tuple[str, ...] = tuple(info.get("without", ()))
         self.user: str = info.get("user") or pwd.getpwuid(os.getuid()).pw_name
         self.ports: dict[str, int] = {k: int(v) for k, v in info.get("ports", {}).items()}
         self.proxy_ports: dict[str, int] = {
@@ -242,6 +244,7 @@ class Testbed:
         delay_ms: int = 0,
         jump: bool = False,
         nvml: bool = False,
+        without: tuple[str, ...] = (),
     ) -> Testbed:
         """Start ``n`` nodes of ``gpus`` GPUs each; a failure tears down what it started.
         With ``nvml``, the nodes' Python also finds the simulated GPUs' NVML face as
@@ -262,6 +265,7 @@ class Testbed:
             "gpus": gpus,
             "delay_ms": delay_ms,
             "nvml": nvml,
+            "without": list(without),
             "user": pwd.getpwuid(os.getuid()).pw_name,
             "created_by": os.getpid(),
         }
@@ -296,6 +300,14 @@ class Testbed:
     def _build(self) -> None:
         for sub in ("bin", "client", "nodes"):
             (self.dir / sub).mkdir(exist_ok=True)
+        if self.without:  # a node that lacks a command: the system's others, linked
+            limited = self.dir / "sysbin"
+            limited.mkdir(exist_ok=True)
+            for directory in SYSTEM_PATH.split(":"):
+                for entry in sorted(Path(directory).glob("*")) if Path(directory).is_dir() else []:
+                    link = limited / entry.name
+                    if entry.name not in self.without and not link.exists():
+                        link.symlink_to(entry)
         for name in self.hosts:
             for sub in ("home", "run"):
                 (self.node_dir(name) / sub).mkdir(parents=True, exist_ok=True)
@@ -374,7 +386,7 @@ class Testbed:
             "GPUCLAIM_SIM_STATE": str(self.state_path),
             "TMUX_TMPDIR": str(ndir / "run"),
             "HOME": str(ndir / "home"),
-            "PATH": f"{self.dir / 'bin'}:{SYSTEM_PATH}",
+            "PATH": f"{self.dir / 'bin'}:{self.dir / 'sysbin' if self.without else SYSTEM_PATH}",
         }
         if self.nvml:
             node_env["PYTHONPATH"] = str(self.dir / "nvml")

@@ -20,7 +20,13 @@ from testbed import MissingTool, Testbed
 
 class MakeTestbed(Protocol):
     def __call__(
-        self, n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False, nvml: bool = False
+        self,
+        n: int = 3,
+        gpus: int = 4,
+        delay_ms: int = 0,
+        jump: bool = False,
+        nvml: bool = False,
+        without: tuple[str, ...] = (),
     ) -> Testbed: ...
 
 
@@ -30,10 +36,15 @@ def make_testbed() -> Iterator[MakeTestbed]:
     made: list[Testbed] = []
 
     def make(
-        n: int = 3, gpus: int = 4, delay_ms: int = 0, jump: bool = False, nvml: bool = False
+        n: int = 3,
+        gpus: int = 4,
+        delay_ms: int = 0,
+        jump: bool = False,
+        nvml: bool = False,
+        without: tuple[str, ...] = (),
     ) -> Testbed:
         try:
-            tb = Testbed.up(n, gpus=gpus, delay_ms=delay_ms, jump=jump, nvml=nvml)
+            tb = Testbed.up(n, gpus=gpus, delay_ms=delay_ms, jump=jump, nvml=nvml, without=without)
         except MissingTool as exc:
             missing = str(exc)
         else:

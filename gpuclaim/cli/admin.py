@@ -18,10 +18,14 @@ def gc(
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
     from gpuclaim.engine.claims import collect_garbage
+    from gpuclaim.engine.job_records import load_jobs
+    from gpuclaim.engine.sync import prune_copies
 
     st = state(ctx)
     report = collect_garbage(st.store, st.user, st.prober, st.config)
     st.dispatch_quietly()
+    # your --sync copies on the nodes, once their jobs ended [run] keep_copies ago
+    copies = prune_copies(st.config, st.ops, load_jobs(st.store), st.user, st.store.now())
     if quiet:
         return
     if as_json:
@@ -31,10 +35,14 @@ def gc(
                 "incomplete": [c.to_dict() for c in report.incomplete],
                 "corrupt": report.corrupt,
                 "lost_jobs": report.lost_jobs,
+                "sync_copies_removed": copies,
             }
         )
         return
     console = out()
+    for node_name, count in copies.items():
+        if count:
+            console.print(f"Removed {count} old --sync copies of yours on {node_name}")
     for c in report.expired:
         console.print(f"Expired: {c.node} GPU {','.join(map(str, c.indices))} of {c.user} ({c.id})")
     for c in report.incomplete:

@@ -56,6 +56,7 @@ _DEFAULT_KEYS = {
     "agent_idle",
 }
 _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
+DEFAULT_KEEP_COPIES_S = 7 * 86400.0
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env", *_WORKENV_KEYS}
 _IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
@@ -147,6 +148,7 @@ class Config:
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     run: WorkEnv = field(default_factory=WorkEnv)  # [run]: every job's defaults
+    keep_copies_s: float = 7 * 86400  # [run] keep_copies: a --sync copy after its job ended
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
     storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
@@ -254,8 +256,9 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     limits = _limits(_table(raw, "defaults"))
     slack = _slack(_table(raw, "slack"))
     idle = _idle(_table(raw, "idle"))
-    _no_unknown(_table(raw, "run"), _WORKENV_KEYS, "run")
+    _no_unknown(_table(raw, "run"), {*_WORKENV_KEYS, "keep_copies"}, "run")
     run = _workenv(_table(raw, "run"), "run")
+    keep_copies = _duration(_table(raw, "run"), "keep_copies", DEFAULT_KEEP_COPIES_S)
     remote = [n.name for n in nodes if n.transport != "local"]
     if storage_default and remote:
         # This machine's own store would be a claim pool that the nodes never see.
@@ -277,6 +280,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         slack=slack,
         idle=idle,
         run=run,
+        keep_copies_s=keep_copies,
         raw=raw,
         storage_default=storage_default,
     )

@@ -91,6 +91,9 @@ class NodeOps:
     def sync_target(self, node: NodeConfig, key: str, job_id: str) -> dict[str, Any]:
         return dict(self._call(node, "sync_target", key=key, job_id=job_id))
 
+    def prune_copies(self, node: NodeConfig, remove: list[str], known: list[str]) -> list[str]:
+        return list(self._call(node, "prune_copies", remove=remove, known=known)["removed"])
+
     def pull_source(self, node: NodeConfig, directory: str, paths: list[str]) -> dict[str, Any]:
         return dict(self._call(node, "pull_source", directory=directory, paths=paths))
 

@@ -97,3 +97,20 @@ def push_copies(
 
 
 COPY_DEADLINE_S = 3600.0
+
+
+def prune_copies(
+    config: Config, ops: Any, jobs: Sequence[Any], user: str, now: float
+) -> dict[str, int]:
+    """``gc``: on every node, remove ``user``'s copies of jobs that ended more than
+    ``[run] keep_copies`` ago (``pull`` works until then), and copies no job names. How many
+    went, per node that answered."""
+    mine = [j for j in jobs if j.user == user]
+    old = [j.id for j in mine if j.ended is not None and now - j.ended > config.keep_copies_s]
+    known = [j.id for j in mine]
+    outcomes = fan_out(
+        [n.name for n in config.nodes],
+        lambda name: ops.prune_copies(config.node(name), old, known),
+        config.limits.deadline_s,
+    )
+    return {name: len(o.value or []) for name, o in outcomes.items() if o.ok}

@@ -204,5 +204,6 @@ _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "hardware": _hardware,
     "sync_target": lambda r: _copies().sync_target(str(r["key"]), str(r["job_id"])),
     "pull_source": lambda r: _copies().pull_source(str(r["directory"]), list(r["paths"])),
+    "prune_copies": lambda r: _copies().prune_copies(list(r["remove"]), list(r["known"])),
     "ping": lambda r: {"version": __version__, "time": time.time()},
 }

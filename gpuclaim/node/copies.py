@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,24 @@ def pull_source(directory: str, paths: list[str]) -> dict[str, Any]:
     if missing:
         raise GpuclaimError(f"not in the job's directory {root}: {', '.join(missing)}")
     return {"directory": str(root), "rsync": shutil.which("rsync") is not None}
+
+
+ORPHAN_AFTER_S = 86400.0  # a copy no job record names (its run failed, its record is gone)
+
+
+def prune_copies(remove: list[str], known: list[str]) -> dict[str, Any]:
+    """Remove the copies of the jobs in ``remove`` (ended long enough ago), and copies that
+    no job of ``known`` names once they are a day old; the directories removed."""
+    base = Path.home() / ".cache" / "gpuclaim" / "sync"
+    gone, known_ids, now = [], set(known), time.time()
+    for copy in sorted(base.glob("*/*")):
+        if not copy.is_dir() or copy.is_symlink():
+            continue
+        orphan = copy.name not in known_ids and now - copy.stat().st_mtime > ORPHAN_AFTER_S
+        if copy.name in remove or orphan:
+            shutil.rmtree(copy, ignore_errors=True)
+            gone.append(str(copy))
+    for project in base.glob("*"):
+        if project.is_dir() and not any(project.iterdir()):
+            project.rmdir()
+    return {"removed": gone}
