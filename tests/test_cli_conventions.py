@@ -157,7 +157,13 @@ def test_every_listing_prints_json(cluster: Any, tmp_path: Path) -> None:
     assert j("extend", claim["id"], "--time", "1h")[0]["id"] == claim["id"]
     assert j("history")[0]["user"] == "alice"
     assert j("release", claim["id"])[0]["id"] == claim["id"]
-    assert j("gc") == {"expired": [], "incomplete": [], "corrupt": [], "lost_jobs": []}
+    assert j("gc") == {
+        "expired": [],
+        "incomplete": [],
+        "corrupt": [],
+        "lost_jobs": [],
+        "sync_copies_removed": {"node01": 0, "node02": 0},  # per node that answered
+    }
     assert j("drain", "node02", "--reason", "fan") == {
         "node": "node02",
         "drained": True,
