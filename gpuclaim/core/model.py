@@ -368,6 +368,7 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         first = self.ranks[0] if self.ranks else None
+        launched = first if first is not None and first.workdir else None  # its launch decided
         return {
             "id": self.id,
             "name": self.name,
@@ -388,9 +389,9 @@ class Job:
             # where and in what it runs, as its first node's launch decided (the workdir
             # asked, else the directory run was typed in if the node has it, else the home
             # there); before that, what was asked
-            "workdir": first.workdir if first and first.workdir else self.workdir,
-            "venv": first.venv if first and first.workdir else self.venv,
-            "conda": first.conda if first and first.workdir else self.conda,
+            "workdir": launched.workdir if launched else self.workdir,
+            "venv": launched.venv if launched else self.venv,
+            "conda": launched.conda if launched else self.conda,
             "cwd": self.cwd,
             "synced_from": self.synced_from,
             "synced": self.synced,

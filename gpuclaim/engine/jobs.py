@@ -180,8 +180,7 @@ def submit_job(
     if req.sync and req.queue:
         # the laptop may be closed when it starts: every node it could start on gets a copy
         nodes = [n for n in _nodes_for(config, job) if n.name not in view.unreachable]
-        workdir, copied = push_copies(config, ops, nodes, req.sync, job.id)
-        job = job.with_(workdir=_inside(workdir, req.sync_subdir), synced=copied)
+        job = _with_copies(config, ops, job, req, nodes)
     if req.queue:
         store.create_job(job=job.to_dict())
         store.enqueue(job_id=job.id)
@@ -194,9 +193,7 @@ def submit_job(
     ranks = place_and_claim(config, store, job, prober, view)
     if req.sync:
         try:
-            nodes = [config.node(r.node) for r in ranks]
-            workdir, copied = push_copies(config, ops, nodes, req.sync, job.id)
-            job = job.with_(workdir=_inside(workdir, req.sync_subdir), synced=copied)
+            job = _with_copies(config, ops, job, req, [config.node(r.node) for r in ranks])
         except GpuclaimError:
             for r in ranks:  # nothing half-started: the GPUs go back
                 release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
@@ -206,8 +203,15 @@ def submit_job(
     return start_ranks(config, store, job, ops)
 
 
-def _inside(copy: str, subdir: str) -> str:
-    return f"{copy}/{subdir}" if subdir else copy
+def _with_copies(
+    config: Config, ops: NodeOps, job: Job, req: RunRequest, nodes: Sequence[NodeConfig]
+) -> Job:
+    """``job`` once ``req.sync`` is copied to ``nodes``: it runs in its copy (in the
+    subdirectory ``run`` was typed in, below the project's root)."""
+    assert req.sync is not None
+    copy, copied = push_copies(config, ops, nodes, req.sync, job.id)
+    workdir = f"{copy}/{req.sync_subdir}" if req.sync_subdir else copy
+    return job.with_(workdir=workdir, synced=copied)
 
 
 def _nodes_for(config: Config, job: Job) -> list[NodeConfig]:

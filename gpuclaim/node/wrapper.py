@@ -145,9 +145,8 @@ class Wrapper(RankRecord):
     def _supervise(self, env: dict[str, str], log: Any) -> int:
         started = self.store.now()
         deadline = time.monotonic() + self.job.time_limit_s
-        cwd = self.run_dir
+        cwd = self.run_dir  # checked by _environment, before the login shell ran
         try:
-            self._check_workdir(cwd)
             argv = self._resolve_argv(env)
         except GpuclaimError as exc:
             log.write(f"gpuclaim: {exc}\n".encode())

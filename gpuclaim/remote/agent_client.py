@@ -48,8 +48,8 @@ class AgentClient:
         return self.run_agent(alias, "", json.dumps(request).encode(), timeout)
 
     def run_agent(self, alias: str, arguments: str, stdin: bytes, timeout: float) -> Any:
-        """Run the one-shot agent (``python3 AGENT/__main__.py ARGUMENTS``), installing it
-        first when the node does not have this version; its ``result``."""
+        """Run the one-shot agent (``install.run_command``), installing it first when the
+        node does not have this version; its ``result``."""
         return _result(self.run_agent_raw(alias, arguments, stdin, timeout))
 
     def run_agent_raw(
