@@ -371,3 +371,40 @@ def test_a_spinner_only_while_a_real_wait_on_a_terminal(make_cluster: Any) -> No
     assert piped.returncode == 0 and piped.stderr == ""
     quick = make_cluster({"node01": 1}, fast=True)
     assert "asking" not in _on_a_terminal(quick, "status", stream="stderr")
+
+
+def test_a_call_loads_only_its_command_and_means_the_same(cluster: Any) -> None:
+    """`gpuclaim status --json` builds an app of that one command (the others' imports and
+    typer's conversion are a third of a look's start); each such app must parse, help and
+    complete exactly as the whole one, and the whole one is what help and typos get."""
+    from gpuclaim.entry import main as entry
+
+    whole = typer.main.get_command(build_app())
+    for name in entry.COMMANDS:
+        alone = typer.main.get_command(build_app(name))
+        assert list(alone.commands) == [name]  # type: ignore[attr-defined]
+        ctx = whole.make_context("gpuclaim", [name, "--help"], resilient_parsing=True)
+        expected = whole.commands[name].get_help(ctx)  # type: ignore[attr-defined]
+        ctx = alone.make_context("gpuclaim", [name, "--help"], resilient_parsing=True)
+        assert alone.commands[name].get_help(ctx) == expected  # type: ignore[attr-defined]
+    assert entry.app_for(["--config", "x.toml", "status", "--json"]) is build_app("status")
+    assert entry.app_for(["--help"]) is build_app()
+    assert entry.app_for(["statsu"]) is build_app()
+    # what one call imports: nothing of the other commands, and no rich in a pipe
+    probe = (
+        "import sys, runpy; sys.argv = ['gpuclaim', 'status', '--json'];"
+        " from gpuclaim.entry.main import main; main();"
+        " print([m for m in sys.modules if m.startswith(('gpuclaim.cli.', 'rich'))],"
+        " file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=plain_env(cluster), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(eval(done.stderr.strip().splitlines()[-1]))
+    assert "gpuclaim.cli.status" in loaded
+    assert not loaded & {"gpuclaim.cli.jobs", "gpuclaim.cli.admin", "gpuclaim.cli.claim"}
+    assert not {m for m in loaded if m.startswith("rich")}
+    # and a typo still lists every command
+    typo = run(cluster, "statsu")
+    assert typo.returncode == 2 and "No such command 'statsu'" in typo.stderr

@@ -243,8 +243,11 @@ def waiting(text: str, quiet: bool = False, delay_s: float = 0.5) -> Iterator[No
     """A spinner on stderr while a real wait lasts (nodes slow to answer over SSH): only on a
     terminal, never in a pipe, and only once the wait passes ``delay_s``, so that quick
     answers never flash one."""
+    if quiet or not sys.stderr.isatty():  # before rich: its import is 40 ms of a look
+        yield
+        return
     console = err()
-    if quiet or not console.is_terminal or console.is_dumb_terminal:
+    if not console.is_terminal or console.is_dumb_terminal:
         yield
         return
     spinner = console.status(text)

@@ -16,7 +16,6 @@ from gpuclaim.cli.files import absolute_workdir, sync_request, typed_in
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
 
-RUN_CONTEXT = {"allow_interspersed_args": False}  # everything after the command is its own
 
 
 def run(

@@ -18,14 +18,104 @@ if TYPE_CHECKING:
 COMPLETE_VAR = "_GPUCLAIM_COMPLETE"  # set by the completion scripts (completion_scripts.py)
 
 
+# Every top-level command: (module, attribute, how it is registered). A group (a Typer of
+# its own) is marked by "group". Listed, not imported: a call loads only the one it runs.
+COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "status": (
+        "gpuclaim.cli.status",
+        "status",
+        {
+            "help": "Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
+            "short_help": "Every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
+        },
+    ),
+    "ls": ("gpuclaim.cli.status", "status", {"hidden": True}),
+    "claim": ("gpuclaim.cli.claim", "claim", {}),
+    "release": ("gpuclaim.cli.claim", "release", {}),
+    "extend": ("gpuclaim.cli.claim", "extend", {}),
+    "run": (
+        "gpuclaim.cli.jobs",
+        "run",
+        {
+            # everything after the job's command is its own
+            "context_settings": {"allow_interspersed_args": False},
+            "short_help": "Run a command on claimed GPUs in tmux on a node, or queue it.",
+        },
+    ),
+    "jobs": (
+        "gpuclaim.cli.jobs",
+        "jobs",
+        {"short_help": "Running and queued jobs of everyone, and your recent ones."},
+    ),
+    "logs": ("gpuclaim.cli.jobs", "logs", {}),
+    "pull": (
+        "gpuclaim.cli.files",
+        "pull",
+        {"short_help": "Copy files a job wrote on its node back here."},
+    ),
+    "attach": ("gpuclaim.cli.jobs", "attach", {}),
+    "kill": (
+        "gpuclaim.cli.jobs",
+        "kill",
+        {"short_help": "Stop a job on all its nodes, or take it out of the queue."},
+    ),
+    "shell": (
+        "gpuclaim.cli.jobs",
+        "shell",
+        {"short_help": "An interactive shell on a node with GPUs, time-limited."},
+    ),
+    "notebook": (
+        "gpuclaim.cli.jobs",
+        "notebook",
+        {"short_help": "Jupyter on a node with GPUs, until its time limit."},
+    ),
+    "history": ("gpuclaim.cli.history", "history", {}),
+    "gc": (
+        "gpuclaim.cli.admin",
+        "gc",
+        {"short_help": "Remove expired and abandoned claims, set damaged files aside."},
+    ),
+    "drain": ("gpuclaim.cli.admin", "drain", {}),
+    "undrain": ("gpuclaim.cli.admin", "undrain", {}),
+    "doctor": (
+        "gpuclaim.cli.admin",
+        "doctor",
+        {"short_help": "Check every node: SSH, tmux, GPUs, storage, clock, agent."},
+    ),
+    "notify": ("gpuclaim.cli.settings", "notify_app", {"group": True}),
+    "config": ("gpuclaim.cli.settings", "config_app", {"group": True}),
+    "init": ("gpuclaim.cli.setup", "init", {"short_help": "Write a config file and make the store."}),
+    "demo": (
+        "gpuclaim.cli.setup",
+        "demo",
+        {"short_help": "A sandbox with simulated GPUs: try it all without a cluster."},
+    ),
+    "export": (
+        "gpuclaim.cli.export",
+        "app",
+        {
+            "group": True,
+            "short_help": "SLURM's config and job scripts, to move on to SLURM.",
+        },
+    ),
+    "board": (
+        "gpuclaim.entry.board_command",
+        "board",
+        {"short_help": "Live board of who holds which GPU; claim, release, kill."},
+    ),
+}
+
+
 @functools.cache
-def build_app() -> typer.Typer:
-    """The typer app: the global options (common.root) and every command."""
+def build_app(only: Optional[str] = None) -> typer.Typer:
+    """The typer app: the global options (common.root) and every command, or only the
+    command ``only`` (what one call runs: the others' imports and typer's conversion of
+    each to a click command are a third of a look's start-up)."""
+    import importlib
+
     import typer
 
-    from gpuclaim.cli import admin, claim, export, files, history, jobs, settings, setup, status
     from gpuclaim.cli.common import root
-    from gpuclaim.entry import board_command as board
 
     app = typer.Typer(
         name="gpuclaim",
@@ -37,57 +127,30 @@ def build_app() -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(root)
-    app.command(
-        "status",
-        help="Show every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
-        short_help="Every GPU: free, claimed, busy-unclaimed, stale, unreachable.",
-    )(status.status)
-    app.command("ls", hidden=True)(status.status)
-    app.command("claim")(claim.claim)
-    app.command("release")(claim.release)
-    app.command("extend")(claim.extend)
-    app.command(
-        "run",
-        context_settings=jobs.RUN_CONTEXT,
-        short_help="Run a command on claimed GPUs in tmux on a node, or queue it.",
-    )(jobs.run)
-    app.command("jobs", short_help="Running and queued jobs of everyone, and your recent ones.")(
-        jobs.jobs
-    )
-    app.command("logs")(jobs.logs)
-    app.command("pull", short_help="Copy files a job wrote on its node back here.")(files.pull)
-    app.command("attach")(jobs.attach)
-    app.command("kill", short_help="Stop a job on all its nodes, or take it out of the queue.")(
-        jobs.kill
-    )
-    app.command("shell", short_help="An interactive shell on a node with GPUs, time-limited.")(
-        jobs.shell
-    )
-    app.command("notebook", short_help="Jupyter on a node with GPUs, until its time limit.")(
-        jobs.notebook
-    )
-    app.command("history")(history.history)
-    app.command("gc", short_help="Remove expired and abandoned claims, set damaged files aside.")(
-        admin.gc
-    )
-    app.command("drain")(admin.drain)
-    app.command("undrain")(admin.undrain)
-    app.command("doctor", short_help="Check every node: SSH, tmux, GPUs, storage, clock, agent.")(
-        admin.doctor
-    )
-    app.add_typer(settings.notify_app, name="notify")
-    app.add_typer(settings.config_app, name="config")
-    app.command("init", short_help="Write a config file and make the store.")(setup.init)
-    app.command("demo", short_help="A sandbox with simulated GPUs: try it all without a cluster.")(
-        setup.demo
-    )
-    app.add_typer(
-        export.app, name="export", short_help="SLURM's config and job scripts, to move on to SLURM."
-    )
-    app.command("board", short_help="Live board of who holds which GPU; claim, release, kill.")(
-        board.board
-    )
+    for name, (module, attribute, how) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        target = getattr(importlib.import_module(module), attribute)
+        options = {k: v for k, v in how.items() if k != "group"}
+        if how.get("group"):
+            app.add_typer(target, name=name, **options)
+        else:
+            app.command(name, **options)(target)
     return app
+
+
+def app_for(args: list[str]) -> typer.Typer:
+    """The app for one call: only the command it names, when it names one we have
+    (``gpuclaim --help`` and a mistyped command get the whole app and its list)."""
+    from gpuclaim.cli.completion_answer import resolve
+
+    try:
+        path = resolve(args).path
+    except Exception:  # a stale or broken completion spec: the whole app still works
+        path = []
+    if path and path[0] in COMMANDS:
+        return build_app(path[0])
+    return build_app()
 
 
 def __getattr__(name: str) -> Any:
@@ -110,7 +173,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
     _quiet_libraries(debug)
     try:
-        result = build_app()(args=args, prog_name="gpuclaim", standalone_mode=False)
+        result = app_for(args)(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
         return _fail(exc.exit_code, str(exc), debug)
     except KeyboardInterrupt:
