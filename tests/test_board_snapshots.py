@@ -19,7 +19,7 @@ from gpuclaim.board.services import BoardOptions, BoardServices
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.model import Claim, ClaimedGpu, Gpu, GpuProcess, Job, JobRank, NodeInventory
 from gpuclaim.engine.cluster import NodeProber
-from gpuclaim.engine.jobs import CLAIM_MARGIN_S, NodeOps
+from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps
 from gpuclaim.store import ClaimStore
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC: the storage clock and the board's, pinned

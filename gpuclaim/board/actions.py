@@ -15,7 +15,8 @@ from gpuclaim.core.identity import clean_note as core_clean_note
 from gpuclaim.core.model import Claim, Job
 from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
 from gpuclaim.engine.cluster import GpuRow
-from gpuclaim.engine.jobs import dispatch_queue, kill_job
+from gpuclaim.engine.dispatch import dispatch_queue
+from gpuclaim.engine.jobs import kill_job
 
 
 @dataclass(frozen=True)

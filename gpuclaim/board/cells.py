@@ -19,7 +19,7 @@ from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim
 from gpuclaim.core.states import STATE_STYLE
 from gpuclaim.engine.cluster import GpuRow
-from gpuclaim.engine.jobs import CLAIM_MARGIN_S
+from gpuclaim.engine.launch import CLAIM_MARGIN_S
 
 GLYPH = {
     "free": "●",

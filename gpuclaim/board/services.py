@@ -11,7 +11,7 @@ from typing import Callable
 
 from gpuclaim.core.config import Config
 from gpuclaim.engine.cluster import NodeProber
-from gpuclaim.engine.jobs import NodeOps
+from gpuclaim.engine.launch import NodeOps
 from gpuclaim.store import Store
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
 
     from gpuclaim.core.config import Config
     from gpuclaim.engine.cluster import NodeProber
-    from gpuclaim.engine.jobs import NodeOps
+    from gpuclaim.engine.launch import NodeOps
     from gpuclaim.store import Store
 
 
@@ -79,14 +79,14 @@ class AppState:
 
     @property
     def ops(self) -> NodeOps:
-        from gpuclaim.engine.jobs import NodeOps
+        from gpuclaim.engine.launch import NodeOps
 
         return NodeOps(self.config, self.prober)
 
     def dispatch_quietly(self) -> None:
         """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon."""
         from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
-        from gpuclaim.engine.jobs import dispatch_queue
+        from gpuclaim.engine.dispatch import dispatch_queue
 
         try:
             entries = self.store.queue_entries()

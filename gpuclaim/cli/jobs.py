@@ -17,7 +17,6 @@ from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
 
 
-
 def run(
     ctx: typer.Context,
     command: list[str] = typer.Argument(..., metavar="-- CMD [ARG]...", show_default=False),
@@ -197,8 +196,8 @@ def _flush_stdout() -> None:
 
 
 def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
+    from gpuclaim.engine.dispatch import dispatch_queue
     from gpuclaim.engine.job_records import find_job, queue_positions
-    from gpuclaim.engine.jobs import dispatch_queue
 
     console = err()
     live = console.is_terminal and not quiet

@@ -197,7 +197,7 @@ def _left(claim: Optional[Claim], now: float) -> str:
     kill grace, which is not time the job has)."""
     if claim is None:
         return ""
-    from gpuclaim.engine.jobs import CLAIM_MARGIN_S
+    from gpuclaim.engine.launch import CLAIM_MARGIN_S
 
     end = claim.expires - (CLAIM_MARGIN_S if claim.job else 0.0)
     return format_duration(end - now)

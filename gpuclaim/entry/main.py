@@ -84,7 +84,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
     "notify": ("gpuclaim.cli.settings", "notify_app", {"group": True}),
     "config": ("gpuclaim.cli.settings", "config_app", {"group": True}),
-    "init": ("gpuclaim.cli.setup", "init", {"short_help": "Write a config file and make the store."}),
+    "init": (
+        "gpuclaim.cli.setup",
+        "init",
+        {"short_help": "Write a config file and make the store."},
+    ),
     "demo": (
         "gpuclaim.cli.setup",
         "demo",

@@ -46,7 +46,7 @@ def run_keeper(spec_path: str) -> int:
 
 
 def _keep(config: Any, store: Any, node: str, lock_name: str) -> int:
-    from gpuclaim.engine.jobs import dispatch_queue
+    from gpuclaim.engine.dispatch import dispatch_queue
     from gpuclaim.node.channel import local_prober
 
     prober = local_prober(config, node)

@@ -136,7 +136,7 @@ class RankRecord:
             return
         try:
             from gpuclaim.core.config import parse_config
-            from gpuclaim.engine.jobs import dispatch_queue
+            from gpuclaim.engine.dispatch import dispatch_queue
             from gpuclaim.engine.notify import deliver
             from gpuclaim.node.channel import local_prober
 

@@ -1,0 +1,276 @@
+"""Placing a job and starting it: claim its GPUs (all or nothing, a gang's nodes best fit),
+launch each rank's tmux session through the node's channel, keepers for what waits.
+
+Below submitting and the queue (``jobs``, ``dispatch``): both place and start jobs this way.
+Standard library only: job wrappers start queued jobs from the nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, Optional
+
+from gpuclaim.core.config import Config, NodeConfig, WorkEnv, parse_storage_url
+from gpuclaim.core.errors import ConflictError, GpuclaimError
+from gpuclaim.core.fanout import fan_out
+from gpuclaim.core.model import Claim, Job, JobRank
+from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
+from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
+from gpuclaim.engine.job_records import finish_rank, reload_job
+from gpuclaim.engine.sync import TreeCopier
+from gpuclaim.store import Store
+
+CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plus this
+
+
+class NodeOps:
+    """Job operations on nodes, through the prober's channels."""
+
+    def __init__(self, config: Config, prober: NodeProber) -> None:
+        self.config = config
+        self.prober = prober
+
+    def _call(self, node: NodeConfig, op: str, **args: Any) -> Any:
+        return self.prober.channels.to_node(node).call(op, args, 60.0)
+
+    def launch(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call(node, "launch", spec=spec))
+
+    def keep_queue(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call(node, "keep_queue", spec=spec))
+
+    def stop_session(self, node: NodeConfig, session: str) -> bool:
+        return bool(self._call(node, "stop_session", session=session))
+
+    def read_log(
+        self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """``wait_s``: the node waits that long for the log to grow past ``offset``."""
+        return dict(
+            self._call(node, "read_log", path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
+        )
+
+    def facts(self, node: NodeConfig) -> dict[str, Any]:
+        return dict(self._call(node, "node_facts"))
+
+    def sync_target(self, node: NodeConfig, key: str, job_id: str) -> dict[str, Any]:
+        return dict(self._call(node, "sync_target", key=key, job_id=job_id))
+
+    def prune_copies(self, node: NodeConfig, remove: list[str], known: list[str]) -> list[str]:
+        return list(self._call(node, "prune_copies", remove=remove, known=known)["removed"])
+
+    def pull_source(self, node: NodeConfig, directory: str, paths: list[str]) -> dict[str, Any]:
+        return dict(self._call(node, "pull_source", directory=directory, paths=paths))
+
+    @property
+    def copier(self) -> Optional[TreeCopier]:
+        """How files travel to and from nodes (rsync or tar over SSH), if this process can."""
+        channels = self.prober.channels
+        return channels if isinstance(channels, TreeCopier) else None
+
+
+def nodes_for(config: Config, job: Job) -> list[NodeConfig]:
+    return [config.node(job.node)] if job.node else list(config.nodes)
+
+
+def place_and_claim(
+    config: Config,
+    store: Store,
+    job: Job,
+    prober: NodeProber,
+    view: Optional[ClusterView] = None,
+    allowed: Optional[Sequence[str]] = None,
+) -> list[JobRank]:
+    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing."""
+    duration = job.time_limit_s + CLAIM_MARGIN_S
+    candidates = [n.name for n in nodes_for(config, job) if allowed is None or n.name in allowed]
+    if view is None:
+        view = build_view(config, store, [config.node(n) for n in candidates], prober=prober)
+    if job.nodes_wanted == 1:
+        req = ClaimRequest(
+            user=job.user,
+            count=job.gpus_per_node,
+            node=candidates[0] if len(candidates) == 1 else None,
+            duration_s=duration,
+            note=f"job {job.name}",
+            job=job.id,
+        )
+        sub = config if allowed is None else _only(config, candidates)
+        claim = claim_gpus(sub, store, req, prober=_reuse(prober, view))
+        return [_rank(0, claim)]
+    # Gang: the nodes with room, fullest first (best fit), then exact GPUs on each.
+    free = {
+        n: [r for r in view.gpus_of(n) if r.state in ("free", "stale") and r.uuid]
+        for n in candidates
+        if n not in view.unreachable and n not in view.drains
+    }
+    fitting = sorted(
+        (n for n in free if len(free[n]) >= job.gpus_per_node),
+        key=lambda n: (len(free[n]), candidates.index(n)),
+    )
+    if len(fitting) < job.nodes_wanted:
+        raise ConflictError(
+            f"{job.nodes_wanted} nodes with {job.gpus_per_node} free GPUs are not free now"
+        )
+    ranks: list[JobRank] = []
+    try:
+        for rank, node in enumerate(fitting[: job.nodes_wanted]):
+            indices = tuple(sorted(r.index or 0 for r in free[node])[: job.gpus_per_node])
+            req = ClaimRequest(
+                user=job.user,
+                exact=((node, indices),),
+                duration_s=duration,
+                note=f"job {job.name} rank {rank}",
+                job=job.id,
+            )
+            ranks.append(_rank(rank, claim_gpus(config, store, req, prober=_reuse(prober, view))))
+    except GpuclaimError:
+        for r in ranks:
+            release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
+        raise
+    return ranks
+
+
+def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
+    """Launch every rank's tmux session; if one cannot start, stop the others and give the
+    GPUs back: a job runs whole or not at all."""
+    gang: dict[str, Any] = {}
+    if len(job.ranks) > 1:
+        facts = ops.facts(config.node(job.ranks[0].node))
+        gang = {
+            "MASTER_ADDR": facts["hostname"],
+            "MASTER_PORT": facts["port"],
+            "NNODES": len(job.ranks),
+            "NPROC_PER_NODE": job.gpus_per_node,
+            "WORLD_SIZE": len(job.ranks) * job.gpus_per_node,
+        }
+    launched: list[JobRank] = []
+    try:
+        for r in job.ranks:
+            node = config.node(r.node)
+            spec = rank_spec(config, store, job, r, node, dict(gang, NODE_RANK=r.rank))
+            answer = ops.launch(node, spec)
+            workenv = spec["workenv"]
+            store.update_job(
+                job_id=job.id,
+                changes={},
+                rank=r.rank,
+                rank_changes={
+                    "log": answer.get("log"),
+                    "workdir": answer.get("workdir"),
+                    "venv": workenv["venv"],
+                    "conda": workenv["conda"],
+                },
+            )
+            launched.append(r)
+    except GpuclaimError as exc:
+        for r in launched:
+            try:
+                ops.stop_session(config.node(r.node), job.session)
+            except GpuclaimError:
+                pass
+        for r in job.ranks:
+            finish_rank(store, job, r.rank, "failed", None, f"could not start: {exc.message}")
+        raise
+    return reload_job(store, job)
+
+
+def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> list[str]:
+    """A queued job waits: a keeper on every node it could run on starts it there as soon as
+    GPUs free up (an expiry included), laptop closed. Returns the nodes that have one; a node
+    that cannot start one is left to the wrappers and the next gpuclaim call."""
+    if job.nodes_wanted > 1:
+        return []  # a gang needs several nodes at once: the laptop's dispatch places it
+    nodes = [
+        n
+        for n in nodes_for(config, job)
+        if len(view.gpus_of(n.name)) >= job.gpus_per_node and n.name not in view.unreachable
+    ]
+    outcomes = fan_out(
+        [n.name for n in nodes],
+        lambda name: ops.keep_queue(config.node(name), keeper_spec(config, name)),
+        config.limits.deadline_s,
+    )
+    return [name for name, outcome in outcomes.items() if outcome.ok]
+
+
+def keeper_spec(config: Config, node: str) -> dict[str, Any]:
+    return {"node": node, "store_root": _node_store_root(config), "config": config.raw}
+
+
+def _node_store_root(config: Config) -> str:
+    """The store as the nodes see it: ssh:// storage is at the same path on every node."""
+    storage = config.storage
+    if storage.startswith("ssh://"):
+        return parse_storage_url(storage)[1]
+    return str(config.storage_path)
+
+
+def rank_spec(
+    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict[str, Any]
+) -> dict[str, Any]:
+    """All a node needs to run one rank on its own, laptop closed."""
+    workenv = config.workenv_of(node, WorkEnv(venv=job.venv, conda=job.conda))
+    return {
+        "job": job.to_dict(),
+        "rank": rank.rank,
+        "session": job.session,
+        "store_root": _node_store_root(config),
+        "config": config.raw,
+        "node_env": dict(node.env),
+        "nvidia_smi": list(node.nvidia_smi),
+        "workenv": {
+            "login_shell": workenv.login_shell,
+            "venv": workenv.venv,
+            "conda": workenv.conda,
+        },
+        "probe_timeout": config.limits.probe_timeout_s,
+        "grace_s": config.limits.kill_grace_s,
+        "beat_s": config.limits.heartbeat_s,
+        "sample_s": max(config.limits.heartbeat_s, min(60.0, config.idle.window_s / 4)),
+        "idle_threshold_pct": config.idle.threshold_pct,
+        "gang": gang if len(job.ranks) > 1 else {},
+        # What the placement probe saw, so a wrapper starting seconds later need not look again
+        "placed": {"at": store.now(), "indices": dict(zip(rank.gpu_uuids, rank.gpus))},
+    }
+
+
+def _only(config: Config, names: Sequence[str]) -> Config:
+    return replace(config, nodes=tuple(n for n in config.nodes if n.name in names))
+
+
+def _reuse(prober: NodeProber, view: ClusterView) -> NodeProber:
+    """A prober that answers with the inventories already probed for this placement."""
+    return _CachedProber(prober, view)
+
+
+class _CachedProber(NodeProber):
+    def __init__(self, inner: NodeProber, view: ClusterView) -> None:
+        super().__init__(inner.config, inner._channels)
+        self.inner = inner
+        self.view = view
+
+    def probe(
+        self,
+        nodes: Sequence[NodeConfig],
+        enough: Optional[Callable[[dict[str, Any]], bool]] = None,
+    ) -> dict[str, Any]:
+        missing = [n for n in nodes if n.name not in self.view.inventories]
+        result = {
+            n.name: self.view.inventories[n.name] for n in nodes if n.name in self.view.inventories
+        }
+        if missing:
+            cached = dict(result)  # ``enough`` judges the cached answers and the new ones
+            judge = None if enough is None else (lambda answers: enough({**cached, **answers}))
+            result.update(self.inner.probe(missing, judge))
+        return result
+
+
+def _rank(rank: int, claim: Claim) -> JobRank:
+    return JobRank(
+        rank=rank,
+        node=claim.node,
+        gpus=tuple(claim.indices),
+        gpu_uuids=tuple(g.uuid for g in sorted(claim.gpus, key=lambda g: g.index)),
+        claim_id=claim.id,
+    )
