@@ -324,6 +324,53 @@ class JobRank:
 
 
 @dataclass(frozen=True)
+class ArrayRef:
+    """A job that is one task of an array (``run --array`` or ``--sweep``)."""
+
+    id: str  # the array's id; its tasks' ids are ``<id>-<index>``
+    name: str  # the array's name; the task is ``name[index]``
+    index: int
+    count: int  # tasks in the array
+    max_running: Optional[int] = None  # %K: at most K tasks at once
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ArrayRef:
+        limit = d.get("max_running")
+        return cls(
+            id=str(d["id"]),
+            name=str(d["name"]),
+            index=int(d["index"]),
+            count=int(d["count"]),
+            max_running=int(limit) if limit is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """``run --after NAME`` (``any``: ``--after-any``): a job or a whole array to wait for."""
+
+    id: str  # a job's id, or an array's id (``array``)
+    name: str
+    array: bool = False
+    any: bool = False  # start after it ends in any state, not only after it succeeded
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Dependency:
+        return cls(
+            id=str(d["id"]),
+            name=str(d["name"]),
+            array=bool(d.get("array", False)),
+            any=bool(d.get("any", False)),
+        )
+
+
+@dataclass(frozen=True)
 class Job:
     """A command run in tmux on one or more nodes with pinned GPUs (or waiting in the queue)."""
 
@@ -354,9 +401,13 @@ class Job:
     conda: Optional[str] = None
     synced_from: Optional[str] = None  # run --sync: the laptop's directory it runs a copy of
     synced: Optional[dict[str, Any]] = None  # ... and what copying it took (files, seconds)
+    array: Optional[ArrayRef] = None  # a task of an array
+    after: tuple[Dependency, ...] = ()  # it starts only once these ended (succeeded)
 
     @property
     def session(self) -> str:
+        if self.array is not None:  # no brackets in tmux names: 'gc-ann-sweep-7'
+            return f"gc-{self.user}-{self.array.name}-{self.array.index}"
         return f"gc-{self.user}-{self.name}"
 
     @property
@@ -407,6 +458,8 @@ class Job:
             "stop_requested": self.stop_requested,
             "port": self.port,
             "from_queue": self.from_queue,
+            "array": self.array.to_dict() if self.array else None,
+            "after": [d.to_dict() for d in self.after],
         }
 
     @classmethod
@@ -444,4 +497,6 @@ class Job:
             synced=d.get("synced") if isinstance(d.get("synced"), dict) else None,
             venv=asked.get("venv") if asked is not None else None,
             conda=asked.get("conda") if asked is not None else None,
+            array=ArrayRef.from_dict(d["array"]) if isinstance(d.get("array"), dict) else None,
+            after=tuple(Dependency.from_dict(x) for x in d.get("after") or ()),
         )

@@ -29,6 +29,7 @@ class JobState(str, Enum):
     KILLED = "killed"
     TIMEOUT = "timeout"
     LOST = "lost"
+    CANCELLED = "cancelled"  # never ran: what it waited for (--after) did not succeed
 
     def __str__(self) -> str:
         return self.value
@@ -40,7 +41,7 @@ ACTIVE_JOB_STATES: tuple[str, ...] = tuple(
 )
 FINAL_STATES: tuple[str, ...] = tuple(
     s.value for s in JobState if s.value not in ACTIVE_JOB_STATES
-)  # a job's or a rank's end: succeeded, failed, killed, timeout, lost
+)  # a job's or a rank's end: succeeded, failed, killed, timeout, lost, cancelled
 
 
 # How each GPU state is shown (rich style names), the same in ``status`` and on the board.

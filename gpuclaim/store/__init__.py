@@ -24,13 +24,15 @@ The contract (README, "How claims stay correct"):
 
 ``filelock`` guards only what is host-local: appends to this host's event log.
 
-One module per concern (``layout``, ``claims``, ``records``, ``queue``, ``usage``, ``notices``,
-``drains``, ``events``, ``sweep``; files and locks in ``files`` and ``base``), joined here into
-``ClaimStore``. The interface the rest of gpuclaim uses is ``interface.Store``, written once.
+One module per concern (``layout``, ``claims``, ``records``, ``arrays``, ``queue``, ``usage``,
+``notices``, ``drains``, ``events``, ``sweep``; files and locks in ``files`` and ``base``),
+joined here into ``ClaimStore``. The interface the rest of gpuclaim uses is
+``interface.Store``, written once.
 """
 
 from __future__ import annotations
 
+from gpuclaim.store.arrays import ArraysPart
 from gpuclaim.store.claims import ClaimsPart
 from gpuclaim.store.drains import DrainsPart
 from gpuclaim.store.events import EventLogPart
@@ -62,6 +64,7 @@ class ClaimStore(
     ClaimsPart,
     SweepPart,
     JobRecordsPart,
+    ArraysPart,
     QueuePart,
     UsagePart,
     NoticesPart,
