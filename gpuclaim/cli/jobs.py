@@ -1,4 +1,4 @@
-"""``run``, ``jobs``, ``logs``, ``attach``, ``kill``, ``shell``, ``notebook``."""
+"""``run``, ``jobs``, ``logs``, ``attach``, ``kill``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -62,6 +63,36 @@ def run(
         "--follow",
         help="Then print its output until it ends; exit with its exit code.",
     ),
+    array: Optional[str] = typer.Option(
+        None,
+        "--array",
+        metavar="SPEC",
+        help="One task per index, as SLURM writes it: 0-95, 1,3,5-7, 0-10:2; %K: at most K "
+        "at once. Each task has GPUCLAIM_ARRAY_INDEX.",
+    ),
+    sweep: Optional[Path] = typer.Option(
+        None,
+        "--sweep",
+        metavar="FILE",
+        help="One task per line of FILE: its words (shell quoting) are added to the command.",
+    ),
+    max_running: Optional[int] = typer.Option(
+        None, "--max-running", min=1, metavar="K", help="An array or sweep: at most K at once."
+    ),
+    after: Optional[list[str]] = typer.Option(
+        None,
+        "--after",
+        metavar="NAME",
+        help="Start once job or array NAME succeeded (repeatable); if it fails, this is cancelled.",
+        autocompletion=completion.complete_jobs,
+    ),
+    after_any: Optional[list[str]] = typer.Option(
+        None,
+        "--after-any",
+        metavar="NAME",
+        help="Start once NAME ended, however it ended (repeatable).",
+        autocompletion=completion.complete_jobs,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
@@ -71,6 +102,11 @@ def run(
 
     if follow and as_json:
         raise UsageError("--follow prints the job's output, not JSON: use one of them")
+    many = array is not None or sweep is not None
+    if many and (follow or wait):
+        raise UsageError("an array's tasks start as GPUs free up: --follow/--wait one task")
+    if max_running is not None and not many:
+        raise UsageError("--max-running is for --array or --sweep")
     if (sync or sync_dir is not None) and workdir is not None:
         raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
     from gpuclaim.app.project import find_project
@@ -96,7 +132,14 @@ def run(
         venv=named[0] or (None if named[1] else project.venv),
         conda=named[1] or (None if named[0] else project.conda),
         **sync_request(sync, sync_dir, workdir, project, here),
+        after=tuple(after or ()),
+        after_any=tuple(after_any or ()),
     )
+    if many:
+        from gpuclaim.cli.arrays import array_request, submit_and_report
+
+        submit_and_report(st, array_request(req, array, sweep, max_running), as_json, quiet)
+        return
     job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
     if follow:
         raise typer.Exit(_follow(st, job, 0, 0, quiet))
@@ -231,6 +274,10 @@ def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
 def _print_job_started(job: Any, hints: bool = True) -> None:
     """On stdout; with ``hints`` off (run --follow, whose stdout is the job's) on stderr."""
     console = out() if hints else err()
+    if job.state == "queued" and job.after:
+        names = ", ".join(d.name for d in job.after)
+        console.print(f"Queued {job.name}: it starts after {names} (gpuclaim jobs).")
+        return
     if job.state == "queued":
         console.print(f"Queued {job.name}: it starts when its GPUs are free (gpuclaim jobs).")
         return
@@ -259,7 +306,8 @@ def _print_job_started(job: Any, hints: bool = True) -> None:
 def jobs(
     ctx: typer.Context,
     show_all: bool = typer.Option(False, "--all", help="Include ended jobs of everyone."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    tasks: bool = typer.Option(False, "--tasks", help="Every task of an array, one per line."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every task of an array)."),
 ) -> None:
     """List jobs: running and queued ones of everyone, and your recent ones."""
     from gpuclaim.cli.render import jobs_table
@@ -293,7 +341,9 @@ def jobs(
     if as_json:
         print_json(rows)
     else:
-        out().print(jobs_table(rows, snap.now))
+        from gpuclaim.cli.arrays import grouped_rows
+
+        out().print(jobs_table(rows if tasks else grouped_rows(rows), snap.now))
 
 
 def logs(
@@ -308,10 +358,9 @@ def logs(
     rank: int = typer.Option(0, "--rank", min=0, help="Which node of a gang job."),
 ) -> None:
     """Show a job's output (from the log file on its node)."""
-    from gpuclaim.engine.job_records import find_job
 
     st = state(ctx, looking=True)
-    job = find_job(st.store, st.user, name)
+    job = _find_one(st, name)
     if rank >= len(job.ranks) or not job.ranks[rank].log:
         raise GpuclaimError(f"job {job.name} has no log yet ({job.state})")
     r = job.ranks[rank]
@@ -392,11 +441,10 @@ def attach(
     ),
 ) -> None:
     """Attach to a job's tmux session (detach again with Ctrl-b d)."""
-    from gpuclaim.engine.job_records import find_job
     from gpuclaim.remote.channels import attach_command
 
     st = state(ctx, looking=True)
-    job = find_job(st.store, st.user, name)
+    job = _find_one(st, name)
     if job.state not in ("running", "starting"):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
     if rank >= len(job.ranks):
@@ -422,9 +470,12 @@ def kill(
     quiet: bool = quiet_option(),
 ) -> None:
     """Stop a job on all its nodes (TERM, then KILL), or take it out of the queue."""
+    from gpuclaim.cli.arrays import kill_array_by_name
     from gpuclaim.engine.jobs import kill_job
 
     st = state(ctx)
+    if kill_array_by_name(st, name, force, as_json, quiet):
+        return
     job = kill_job(
         st.config,
         st.store,
@@ -442,90 +493,15 @@ def kill(
         out().print(f"{job.name}: {job.state}.")
 
 
-def shell(
-    ctx: typer.Context,
-    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
-    node: Optional[str] = typer.Option(
-        None, "--node", help="On this node.", autocompletion=completion.complete_nodes
-    ),
-    time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Session name."),
-    as_json: bool = typer.Option(
-        False, "--json", help="Print the job as JSON (and attach later: gpuclaim attach NAME)."
-    ),
-) -> None:
-    """An interactive shell on a node with GPUs pinned; it ends at its time limit."""
-    from gpuclaim.engine.jobs import RunRequest
-
-    st = state(ctx)
-    req = RunRequest(
-        user=st.user,
-        argv=("<shell>",),
-        name=name or f"shell-{os.urandom(2).hex()}",
-        count=count,
-        node=node,
-        time_s=parse_duration(time_),
-        kind="shell",
-    )
-    job = _submit_and_report(st, req, wait=False, as_json=as_json)
-    if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
-        from gpuclaim.remote.channels import attach_command
-
-        argv = attach_command(st.config, job.ranks[0].node, job.session)
-        _exec_outside_tmux(argv)
-
-
-def notebook(
-    ctx: typer.Context,
-    count: int = typer.Option(1, "-n", "--count", min=1, help="GPUs."),
-    node: Optional[str] = typer.Option(
-        None, "--node", help="On this node.", autocompletion=completion.complete_nodes
-    ),
-    time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Job name."),
-    as_json: bool = typer.Option(
-        False, "--json", help="Print the job, its port and the tunnel command as JSON."
-    ),
-) -> None:
-    """Jupyter on a node with GPUs pinned, until its time limit; prints the ssh tunnel."""
+def _find_one(st: AppState, name: str) -> Any:
+    """A job by name or id; an array's name says how to name one of its tasks."""
+    from gpuclaim.cli.arrays import array_instead
     from gpuclaim.engine.job_records import find_job
-    from gpuclaim.engine.jobs import RunRequest
 
-    st = state(ctx)
-    req = RunRequest(
-        user=st.user,
-        argv=("<notebook>",),
-        name=name or f"notebook-{os.urandom(2).hex()}",
-        count=count,
-        node=node,
-        time_s=parse_duration(time_),
-        kind="notebook",
-    )
-    job = _submit_and_report(st, req, wait=False, as_json=False, quiet=as_json)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        job = find_job(st.store, st.user, job.id, active_only=False)
-        if job.port or job.state not in ("starting", "running"):
-            break
-        time.sleep(0.5)
-    if job.state not in ("starting", "running"):
-        raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
-    import shlex
-
-    from gpuclaim.remote.ssh import config_for_ssh_binary
-
-    host = st.config.node(job.ranks[0].node).host
-    config_file = config_for_ssh_binary(st.config.ssh_config_path)
-    with_file = f"-F {shlex.quote(str(config_file))} " if config_file else ""
-    tunnel = f"ssh {with_file}-N -L {job.port}:localhost:{job.port} {host}"
-    if as_json:
-        print_json({**job.to_dict(), "tunnel": tunnel})
-        return
-    out().print(
-        f"Jupyter on {job.ranks[0].node}:{job.port}. Open a tunnel and browse:\n"
-        f"  {tunnel}\n"
-        f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
-    )
+    try:
+        return find_job(st.store, st.user, name)
+    except GpuclaimError as exc:
+        raise array_instead(st, name, exc) from None
 
 
 def _non_empty(value: Optional[str], flag: str) -> Optional[str]:

@@ -160,6 +160,7 @@ JOB_STYLE = {
     "timeout": "magenta",
     "killed": "dim",
     "lost": "bold red",
+    "cancelled": "dim",
 }
 
 
@@ -170,7 +171,7 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     for col in ("NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT", "COMMAND"):
         table.add_column(col, no_wrap=col != "COMMAND", overflow="fold")
     for d in rows:
-        state = d["state"]
+        state = d.get("state_text") or d["state"]
         if state == "queued" and d.get("queue_position"):
             state = f"queued #{d['queue_position']}"
         started = parse_iso(d.get("started"))

@@ -44,6 +44,7 @@ def job_event(kind: str, job: Job, ts: float, more: Optional[dict[str, Any]] = N
             "nodes": [r.node for r in job.ranks],
             "gpus_total": sum(len(r.gpus) for r in job.ranks) or job.gpus_per_node,
             "from_queue": job.from_queue,
+            "array": job.array.to_dict() if job.array else None,
             **(more or {}),
         },
     )

@@ -15,11 +15,14 @@ from gpuclaim.core.errors import (
     UnreachableError,
     UsageError,
 )
-from gpuclaim.core.model import Job
+from gpuclaim.core.events import job_event
+from gpuclaim.core.model import Job, iso
+from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
+from gpuclaim.engine.depends import BROKEN, READY, WAITING, judge
 from gpuclaim.engine.launch import NodeOps, place_and_claim, start_ranks
-from gpuclaim.store import Store
+from gpuclaim.store import Snapshot, Store
 
 
 def dispatch_queue(
@@ -41,16 +44,42 @@ def dispatch_queue(
     view = build_view(config, store, prober=prober)
     started: list[Job] = []
     blocked_heads: list[Job] = []
+    blocked = False  # nothing more can start: only cancellations are left to find
+    # per array, for this pass: its tasks share their dependencies and their %K
+    verdicts: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for entry in entries:
         job_id = entry.split("-", 1)[1]
+        group = array_of_task(job_id)
+        verdict = verdicts.get(group) if group else None
+        if verdict in (WAITING, THROTTLED) or (blocked and verdict == READY):
+            continue  # without reading its record: a pass over 1,000 tasks stays cheap
         data = store.load_job_dict(job_id=job_id)
         job = Job.from_dict(data) if data else None
         if job is None or job.state != "queued":
             store.finish_queue_entry(name=entry)
             continue
+        if verdict is None:
+            verdict, why = judge(store, job) if job.after else (READY, "")
+            if group:
+                verdicts[group], reasons[group] = verdict, why
+        else:
+            why = reasons.get(group or "", "")
+        if verdict == WAITING:
+            continue
+        if verdict == BROKEN:
+            cancel_queued(store, job, entry, f"never ran: {why}")
+            continue
+        if blocked:
+            continue
         allowed = _backfill_nodes(config, view, blocked_heads)
         if allowed is not None and not allowed:
-            break
+            blocked = True
+            continue
+        limit = job.array.max_running if job.array else None
+        if group and limit and running_tasks(view.snapshot, group) >= limit:
+            verdicts[group] = THROTTLED
+            continue
         if not store.take_queue_entry(name=entry):
             continue  # another dispatcher has it
         try:
@@ -62,6 +91,14 @@ def dispatch_queue(
         except GpuclaimError:
             store.return_queue_entry(name=entry)
             raise
+        if group and limit and running_tasks(store.snapshot(), group) > limit:
+            # Another dispatcher started one at the same moment: each claims, then counts,
+            # so the later of two always sees both, and %K is never passed.
+            for r in ranks:
+                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
+            store.return_queue_entry(name=entry)
+            verdicts[group] = THROTTLED
+            continue
         moved = store.update_job(
             job_id=job.id,
             changes={
@@ -99,3 +136,32 @@ def _backfill_nodes(config: Config, view: ClusterView, heads: list[Job]) -> Opti
         if not usable_by_a_head and not gang_head:
             allowed.append(n.name)
     return allowed
+
+
+THROTTLED = "throttled"  # an array at its %K
+
+
+def running_tasks(snapshot: Snapshot, array_id: str) -> int:
+    """Tasks of the array holding GPUs now (from their claims: starting, running)."""
+    prefix = f"{array_id}-"
+    return len(
+        {s.claim.job for s in snapshot.claims.values() if (s.claim.job or "").startswith(prefix)}
+    )
+
+
+def cancel_queued(store: Store, job: Job, entry: str, reason: str) -> Optional[Job]:
+    """A queued job that will never run (what it waited for did not succeed): cancelled,
+    out of the queue, told once (an array's tasks only in the array's summary)."""
+    now = store.now()
+    result = store.update_job(
+        job_id=job.id,
+        changes={"state": "cancelled", "ended": iso(now), "reason": reason},
+        only_from=["queued"],
+    )
+    store.finish_queue_entry(name=entry)
+    if not result["applied"]:
+        return None
+    final = Job.from_dict(result["job"])
+    store.append_event(job_event("job-cancelled", final, now))
+    note_task_end(store, final)
+    return final

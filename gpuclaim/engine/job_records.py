@@ -11,6 +11,7 @@ from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import Job, JobRank, iso
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
+from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
 
 
@@ -21,7 +22,8 @@ def load_jobs(store: Store) -> list[Job]:
             jobs.append(Job.from_dict(d))
         except (KeyError, ValueError, TypeError):
             continue
-    return sorted(jobs, key=lambda j: j.submitted)
+    # an array's tasks share their submit time: then by index
+    return sorted(jobs, key=lambda j: (j.submitted, j.array.index if j.array else 0))
 
 
 def find_job(store: Store, user: str, name: str, active_only: bool = True) -> Job:
@@ -77,6 +79,7 @@ def finish_rank(
     final = Job.from_dict(done["job"])
     extra = {"log_tail": log_tail} if log_tail and final_state != "succeeded" else {}
     store.append_event(job_event("job-end", final, now, extra))
+    note_task_end(store, final)
     return final
 
 

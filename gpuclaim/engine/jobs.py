@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.durations import format_duration
@@ -27,8 +27,10 @@ from gpuclaim.core.events import job_event
 from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import Job, iso
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
+from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
+from gpuclaim.engine.depends import resolve_after
 from gpuclaim.engine.dispatch import dispatch_queue
 from gpuclaim.engine.job_records import find_job, finish_rank, load_jobs, reload_job
 from gpuclaim.engine.launch import (
@@ -61,6 +63,8 @@ class RunRequest:
     conda: Optional[str] = None
     sync: Optional[SyncPlan] = None  # --sync: copy these files to the job's nodes first
     sync_subdir: str = ""  # ... and run in this directory of the copy (typed in below its root)
+    after: tuple[str, ...] = ()  # --after NAME: start once these succeeded
+    after_any: tuple[str, ...] = ()  # --after-any NAME: once these ended, however
 
 
 def new_job_id() -> str:
@@ -80,24 +84,24 @@ def default_name(argv: Sequence[str]) -> str:
     return f"{base or 'job'}-{uuid.uuid4().hex[:4]}"
 
 
-def submit_job(
-    config: Config,
-    store: Store,
-    req: RunRequest,
-    prober: NodeProber,
-    ops: Optional[NodeOps] = None,
-) -> Job:
-    """Start the job now (claiming its GPUs), or queue it with ``req.queue``.
-    Without ``queue``, nothing free means ConflictError (exit 3) and no job is left behind; a
-    name already used by a running or queued job of the user's is NameInUseError (exit 5)."""
+def checked_name(store: Store, req: RunRequest) -> str:
+    """The job's (or array's) name: valid, and not one of the user's running or queued jobs
+    or arrays (NameInUseError, exit 5)."""
+    name = validate_name(req.name or default_name(req.argv), "job name")
+    for j in load_jobs(store):
+        if j.user != req.user or j.state not in ACTIVE_JOB_STATES:
+            continue
+        if j.name == name or (j.array is not None and j.array.name == name):
+            raise NameInUseError(
+                f"you already have a job named {name!r}", hint="pick another --name"
+            )
+    return name
+
+
+def checked_time(config: Config, req: RunRequest) -> float:
+    """Refuse what no job can be (one line each) and return its time limit."""
     if not req.argv:
         raise UsageError("give the command to run after --, e.g. gpuclaim run -- python train.py")
-    name = validate_name(req.name or default_name(req.argv), "job name")
-    if any(
-        j.user == req.user and j.name == name and j.state in ACTIVE_JOB_STATES
-        for j in load_jobs(store)
-    ):
-        raise NameInUseError(f"you already have a job named {name!r}", hint="pick another --name")
     if req.nodes < 1 or req.count < 1:
         raise UsageError("-n and --nodes must be at least 1")
     if req.nodes > 1 and req.node:
@@ -112,9 +116,15 @@ def submit_job(
             f"--time {format_duration(time_s)} is longer than this cluster's limit of "
             f"{format_duration(config.limits.max_time_s)}"
         )
-    now = store.now()
-    job = Job(
-        id=new_job_id(),
+    return time_s
+
+
+def job_from_request(
+    req: RunRequest, job_id: str, name: str, time_s: float, now: float, **more: Any
+) -> Job:
+    """The queued job a request describes (an array's task: ``more`` says which)."""
+    return Job(
+        id=job_id,
         name=name,
         user=req.user,
         argv=tuple(req.argv),
@@ -132,10 +142,30 @@ def submit_job(
         venv=req.venv,
         conda=req.conda,
         synced_from=req.sync.root if req.sync else None,
+        **more,
     )
+
+
+def submit_job(
+    config: Config,
+    store: Store,
+    req: RunRequest,
+    prober: NodeProber,
+    ops: Optional[NodeOps] = None,
+) -> Job:
+    """Start the job now (claiming its GPUs), or queue it with ``req.queue`` (or when it
+    waits ``--after`` another). Without ``queue``, nothing free means ConflictError (exit 3)
+    and no job is left behind; a name already used by a running or queued job of the user's
+    is NameInUseError (exit 5)."""
+    time_s = checked_time(config, req)
+    name = checked_name(store, req)
+    after = resolve_after(store, req.user, req.after, req.after_any, name)
+    job = job_from_request(req, new_job_id(), name, time_s, store.now(), after=after)
+    if after:
+        req = replace(req, queue=True)  # it starts when they end: from the queue
     ops = ops or NodeOps(config, prober)
     view = build_view(config, store, nodes_for(config, job), prober=prober)
-    _check_fits(config, view, job)
+    check_fits(config, view, job)
     if req.sync and req.queue:
         # the laptop may be closed when it starts: every node it could start on gets a copy
         nodes = [n for n in nodes_for(config, job) if n.name not in view.unreachable]
@@ -143,7 +173,7 @@ def submit_job(
     if req.queue:
         store.create_job(job=job.to_dict())
         store.enqueue(job_id=job.id)
-        store.append_event(job_event("job-queued", job, now))
+        store.append_event(job_event("job-queued", job, job.submitted))
         dispatch_queue(config, store, prober=prober, ops=ops)
         job = reload_job(store, job)
         if job.state == "queued":
@@ -173,7 +203,7 @@ def _with_copies(
     return job.with_(workdir=workdir, synced=copied)
 
 
-def _check_fits(config: Config, view: ClusterView, job: Job) -> None:
+def check_fits(config: Config, view: ClusterView, job: Job) -> None:
     """Refuse at once what can never run here: more GPUs or nodes than the cluster has."""
     reachable = [n.name for n in nodes_for(config, job) if n.name not in view.unreachable]
     if not reachable:
@@ -207,40 +237,61 @@ def kill_job(
             replace(job_event("force-kill", job, store.now()), by=user, reason=f"killed by {user}")
         )
     if job.state == "queued":
-        for entry in store.queue_entries():
-            if entry.endswith(f"-{job.id}") and store.take_queue_entry(name=entry):
-                store.finish_queue_entry(name=entry)
-        result = store.update_job(
-            job_id=job.id,
-            changes={"state": "killed", "ended": iso(store.now()), "reason": f"removed by {user}"},
-            only_from=["queued"],
-        )
-        if result["applied"]:
-            return Job.from_dict(result["job"])
+        removed = take_out_of_queue(store, job, user)
+        if removed is not None:
+            return removed
         job = reload_job(store, job)  # it started meanwhile: stop it like a running one
-    store.update_job(
-        job_id=job.id, changes={"stop_requested": "kill"}, only_from=["starting", "running"]
-    )
+    return stop_and_wait(config, store, [job], ops, wait_s)[0]
 
+
+def take_out_of_queue(
+    store: Store, job: Job, user: str, entries: Optional[list[str]] = None
+) -> Optional[Job]:
+    """A queued job killed before it started (None: it started meanwhile)."""
+    for entry in entries if entries is not None else store.queue_entries():
+        if entry.endswith(f"-{job.id}") and store.take_queue_entry(name=entry):
+            store.finish_queue_entry(name=entry)
+    result = store.update_job(
+        job_id=job.id,
+        changes={"state": "killed", "ended": iso(store.now()), "reason": f"removed by {user}"},
+        only_from=["queued"],
+    )
+    if not result["applied"]:
+        return None
+    killed = Job.from_dict(result["job"])
+    note_task_end(store, killed)
+    return killed
+
+
+def stop_and_wait(
+    config: Config, store: Store, jobs: Sequence[Job], ops: NodeOps, wait_s: float
+) -> list[Job]:
+    """Ask every job's wrappers to stop (TERM, then KILL), all at once; wait up to ``wait_s``
+    for them to record it; clean up after wrappers that are gone."""
+    for job in jobs:
+        store.update_job(
+            job_id=job.id, changes={"stop_requested": "kill"}, only_from=["starting", "running"]
+        )
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        current = reload_job(store, job)
-        if current.state in FINAL_STATES:
-            return current
+    current = [reload_job(store, j) for j in jobs]
+    while time.monotonic() < deadline and any(j.state not in FINAL_STATES for j in current):
         time.sleep(0.5)
-    current = reload_job(store, job)
-    if current.state in FINAL_STATES or wait_s == 0:
+        current = [reload_job(store, j) for j in current]
+    if wait_s == 0:
         return current
-    # The wrappers did not finish it: they are gone (node rebooted, tmux killed). Clean up.
-    for r in current.ranks:
-        if r.state in FINAL_STATES:
-            continue
-        try:
-            ops.stop_session(config.node(r.node), current.session)
-        except GpuclaimError:
-            pass
-        finish_rank(store, current, r.rank, "killed", None, "stopped; its wrapper was gone")
-    return reload_job(store, current)
+    # The wrappers did not finish these: they are gone (node rebooted, tmux killed). Clean up.
+    done = []
+    for job in current:
+        for r in job.ranks:
+            if job.state in FINAL_STATES or r.state in FINAL_STATES:
+                continue
+            try:
+                ops.stop_session(config.node(r.node), job.session)
+            except GpuclaimError:
+                pass
+            finish_rank(store, job, r.rank, "killed", None, "stopped; its wrapper was gone")
+        done.append(reload_job(store, job))
+    return done
 
 
 def _find_any(store: Store, name: str) -> Job:

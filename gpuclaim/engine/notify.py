@@ -27,6 +27,9 @@ from gpuclaim.store import ClaimStore, Store
 MESSAGE_EVENTS = {
     "job-start": "job_started",
     "job-end": "job_ended",
+    "job-cancelled": "job_ended",
+    "array-start": "job_started",
+    "array-end": "job_ended",
     "claim": "claim",
     "release": "release",
     "expire": "expired",
@@ -119,6 +122,8 @@ def wanted(event: Event, slack: SlackConfig) -> bool:
     kind = MESSAGE_EVENTS.get(event.type)
     if kind is None:
         return False
+    if event.extra.get("array"):
+        return False  # one task of an array: the array's start and end say it, once each
     chosen = slack.events or DEFAULT_EVENTS
     if kind not in chosen and event.type not in chosen:
         return False
@@ -148,7 +153,14 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
         if tail:
             blocks.append(_section(f"```{tail[-1500:]}```"))
         return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
-    if event.type == "job-start":
+    if event.type == "array-end":
+        return _array_end_message(event, extra, who)
+    if event.type == "array-start":
+        limit = f", at most {extra['max_running']} at once" if extra.get("max_running") else ""
+        text = f"▶️ {who}'s array *{extra.get('job')}* started: {extra.get('count')} tasks{limit}"
+    elif event.type == "job-cancelled":
+        text = f"🚫 {who}'s job *{extra.get('job')}* was cancelled: {reason}"
+    elif event.type == "job-start":
         queued = " (from the queue)" if extra.get("from_queue") else ""
         text = f"▶️ {who}'s job *{extra.get('job')}* started{queued} on {where}"
     elif event.type == "claim":
@@ -172,6 +184,27 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     else:
         text = f"{_esc(event.type)}: {who} {where}"
     return {"text": _plain(text), "blocks": [_section(text)]}
+
+
+def _array_end_message(event: Event, extra: dict[str, Any], who: str) -> dict[str, Any]:
+    """One summary for a whole array: counts by state, the indices that did not succeed."""
+    states = extra.get("states") or {}
+    ok = bool(extra.get("succeeded"))
+    icon = "✅" if ok else "❌"
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    text = f"{icon} {who}'s array *{extra.get('job')}* ended: {counts}"
+    details = f"{extra.get('count')} tasks · {float(extra.get('gpu_hours') or 0):.2f} GPU-h"
+    blocks = [_section(text), _context(details)]
+    bad = extra.get("unsuccessful") or {}
+    if bad:
+        lines = [f"{s}: {_indices(v)}" for s, v in sorted(bad.items())]
+        blocks.append(_section("\n".join(lines)))
+    return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
+
+
+def _indices(values: list[int], most: int = 40) -> str:
+    shown = ", ".join(str(v) for v in values[:most])
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "")
 
 
 def _mention(user: str, slack: SlackConfig) -> str:

@@ -105,9 +105,17 @@ def prune_copies(
     """``gc``: on every node, remove ``user``'s copies of jobs that ended more than
     ``[run] keep_copies`` ago (``pull`` works until then), and copies no job names. How many
     went, per node that answered."""
-    mine = [j for j in jobs if j.user == user]
-    old = [j.id for j in mine if j.ended is not None and now - j.ended > config.keep_copies_s]
-    known = [j.id for j in mine]
+    copies: dict[str, list[Any]] = {}  # an array's tasks share one copy, named by the array
+    for j in jobs:
+        if j.user == user:
+            copies.setdefault(j.array.id if j.array else j.id, []).append(j)
+    keep = config.keep_copies_s
+    old = [
+        name
+        for name, owners in copies.items()
+        if all(j.ended is not None and now - j.ended > keep for j in owners)
+    ]
+    known = list(copies)
     outcomes = fan_out(
         [n.name for n in config.nodes],
         lambda name: ops.prune_copies(config.node(name), old, known),

@@ -60,12 +60,12 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"short_help": "Stop a job on all its nodes, or take it out of the queue."},
     ),
     "shell": (
-        "gpuclaim.cli.jobs",
+        "gpuclaim.cli.sessions",
         "shell",
         {"short_help": "An interactive shell on a node with GPUs, time-limited."},
     ),
     "notebook": (
-        "gpuclaim.cli.jobs",
+        "gpuclaim.cli.sessions",
         "notebook",
         {"short_help": "Jupyter on a node with GPUs, until its time limit."},
     ),

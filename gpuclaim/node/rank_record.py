@@ -96,8 +96,11 @@ class RankRecord:
         if result["applied"]:
             from gpuclaim.core.events import job_event
             from gpuclaim.core.model import Job
+            from gpuclaim.engine.array_records import note_task_start
 
-            self.store.append_event(job_event("job-start", Job.from_dict(result["job"]), started))
+            started_job = Job.from_dict(result["job"])
+            self.store.append_event(job_event("job-start", started_job, started))
+            note_task_start(self.store, started_job)
             # Tell Slack from here, beside the running job, without holding up its output.
             self._notifier = threading.Thread(target=self._notify, daemon=True)
             self._notifier.start()

@@ -1,0 +1,116 @@
+"""An array's life as its tasks live it: the first task's start and the last task's end are
+each told once (one Slack message each, never one per task), and the end leaves a summary
+in the array's record (counts by state, the indices that did not succeed, GPU-hours), which
+is also what a job waiting ``--after`` the array reads.
+
+Below job records: a rank's end, a kill from the queue and a cancel all end tasks here."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuclaim.core.model import Event, Job, iso
+from gpuclaim.store import Store
+
+ARRAY_ID_PREFIX = "a-"  # array ids: 'a-<hex>'; their tasks: 'a-<hex>-<index>'
+
+
+def task_id(array_id: str, index: int) -> str:
+    return f"{array_id}-{index}"
+
+
+def array_of_task(job_id: str) -> Optional[str]:
+    """The array a job id belongs to ('a-1f2e-7' -> 'a-1f2e'), None for a plain job."""
+    if not job_id.startswith(ARRAY_ID_PREFIX) or job_id.count("-") < 2:
+        return None
+    return job_id.rsplit("-", 1)[0]
+
+
+def note_task_start(store: Store, job: Job) -> None:
+    """A task started: the array's first start is its one 'started' message."""
+    array = job.array
+    if array is None or not store.mark_once(key=f"array-start-{array.id}"):
+        return
+    record = store.load_array(array_id=array.id) or {}
+    store.append_event(
+        Event(
+            ts=store.now(),
+            type="array-start",
+            user=job.user,
+            node=job.ranks[0].node if job.ranks else None,
+            gpus=job.ranks[0].gpus if job.ranks else (),
+            extra={
+                "array_id": array.id,
+                "job": array.name,
+                "count": array.count,
+                "spec": record.get("spec", ""),
+                "max_running": array.max_running,
+            },
+        )
+    )
+
+
+def note_task_end(store: Store, job: Job) -> Optional[dict[str, Any]]:
+    """A task reached its final state: count it; the last one writes the array's summary
+    and its one 'ended' message. Returns the summary when this call wrote it."""
+    array = job.array
+    if array is None:
+        return None
+    if store.task_ended(array_id=array.id, index=array.index) < array.count:
+        return None
+    if not store.mark_once(key=f"array-end-{array.id}"):
+        return None
+    summary = summarize(store, array.id)
+    store.update_array(array_id=array.id, changes={"result": summary})
+    store.append_event(
+        Event(
+            ts=store.now(),
+            type="array-end",
+            user=job.user,
+            extra={"array_id": array.id, "job": array.name, **summary},
+        )
+    )
+    return summary
+
+
+def summarize(store: Store, array_id: str) -> dict[str, Any]:
+    """Counts by state, the indices that did not succeed (by state), GPU-hours, the span."""
+    record = store.load_array(array_id=array_id) or {}
+    counts: dict[str, int] = {}
+    unsuccessful: dict[str, list[int]] = {}
+    gpu_s = 0.0
+    first: Optional[float] = None
+    last: Optional[float] = None
+    for index in record.get("indices") or ():
+        data = store.load_job_dict(job_id=task_id(array_id, int(index)))
+        if data is None:
+            continue
+        task = Job.from_dict(data)
+        counts[task.state] = counts.get(task.state, 0) + 1
+        if task.state != "succeeded":
+            unsuccessful.setdefault(task.state, []).append(int(index))
+        if task.started is not None:
+            end = task.ended if task.ended is not None else store.now()
+            gpus = sum(len(r.gpus) for r in task.ranks) or task.gpus_per_node
+            gpu_s += gpus * max(0.0, end - task.started)
+            first = task.started if first is None else min(first, task.started)
+            last = end if last is None else max(last, end)
+    return {
+        "count": len(record.get("indices") or ()),
+        "states": counts,
+        "unsuccessful": unsuccessful,
+        "gpu_hours": round(gpu_s / 3600, 4),
+        "first_start": iso(first),
+        "last_end": iso(last),
+        "succeeded": counts.get("succeeded", 0) == len(record.get("indices") or ()),
+    }
+
+
+def array_tasks(store: Store, record: dict[str, Any]) -> list[Job]:
+    """Every task of an array record, in index order (a missing record is skipped)."""
+    tasks = []
+    for index in record.get("indices") or ():
+        data = store.load_job_dict(job_id=task_id(str(record["id"]), int(index)))
+        if data is not None:
+            tasks.append(Job.from_dict(data))
+    return tasks
