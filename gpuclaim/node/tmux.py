@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -30,15 +31,19 @@ def has_session(session: str) -> bool:
 
 def new_session(session: str, command: str, cwd: Path) -> None:
     """A detached session running ``command`` (a shell line) in a 200×50 window."""
-    proc = subprocess.run(
-        [tmux_binary(), "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        cwd=str(cwd),
-    )
+    argv = [tmux_binary(), "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command]
+    for attempt in range(3):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, cwd=str(cwd))
+        # The server was exiting (its last session, another job's, had just ended) as we
+        # connected to it: the next try starts a new server.
+        if proc.returncode == 0 or SERVER_GONE not in proc.stderr:
+            break
+        time.sleep(0.1 * (attempt + 1))
     if proc.returncode != 0:
         raise GpuclaimError(f"tmux could not start {session}: {proc.stderr.strip()}")
+
+
+SERVER_GONE = "server exited unexpectedly"
 
 
 def pane_pids(session: str) -> Optional[list[int]]:
