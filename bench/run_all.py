@@ -5,7 +5,8 @@ the plain tools, measured side by side in the same run, as one table of medians 
     python bench/run_all.py [--quick]
 
 Each part is its own script (run them alone for details): startup.py, claims.py, fanout.py,
-jobstart.py, board.py, sync.py. Machines are noisy: read the ratios, never a lone absolute time.
+jobstart.py, board.py, sync.py, sweep.py. Machines are noisy: read the ratios, never a lone
+absolute time.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
     jobs = last_json(run("jobstart.py", "--repeat", "3" if args.quick else "5", "--json"))
     board = run("board.py", "--repeat", "10", "--idle", "10", "--transport", "ssh", "--nodes", "16")
     synced = last_json(run("sync.py", "--repeat", "2" if args.quick else "3", "--json"))
+    swept = last_json(run("sweep.py", "--finished", "3000" if args.quick else "10000"))
     total = time.monotonic() - t0
 
     print(
@@ -109,6 +111,14 @@ def main() -> None:
         f"{synced['rsync incr']:.3f} s, sync {synced['sync incr']:.3f} s "
         f"({synced['sync incr'] / synced['rsync incr']:.2f}x, target <= 1.2); whole run "
         f"{synced['run incr']:.3f} s\n"
+    )
+    print("## 8. Arrays (2 nodes x 4 GPUs): 96 tasks of 2 s, 1,000 queued, finished history\n")
+    m, d, h = swept["makespan"], swept["dispatch"], swept["history"]
+    print(
+        f"makespan {m['makespan_s']:.1f} s against an ideal {m['ideal_s']:.1f} s "
+        f"({m['ratio']:.2f}x, target <= 2.5); a dispatch pass with 1,000 queued "
+        f"{d['pass_s'] * 1000:.0f} ms; jobs --json with the finished history "
+        f"{h['jobs_10000_s']:.2f} s (empty {h['jobs_empty_s']:.2f} s)\n"
     )
     print(f"(whole suite: {total:.0f} s)")
 

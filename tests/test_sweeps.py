@@ -5,6 +5,7 @@ wrappers dispatch the queue as GPUs free up."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -318,3 +319,46 @@ def test_an_array_posts_once_when_it_starts_and_once_when_it_ends(make_cluster):
         assert not any("grid[" in t for t in texts)  # never one per task
     finally:
         slack.close()
+
+
+def test_export_sbatch_of_an_array_a_sweep_and_a_dependency(make_cluster, tmp_path):
+    c = make_cluster({"node01": 2}, fast=True)
+    c.ok("run", "--array", "0-3%2", "--name", "grid", "--", "python3", "train.py", "--x")
+    sweep = tmp_path / "lrs.txt"
+    sweep.write_text("--lr 0.1 --tag 'a b'\n--lr 0.01 --tag $HOME\n")
+    c.ok("run", "--sweep", str(sweep), "--name", "lr", "--", "python3", "train.py")
+    c.ok("run", "--name", "merge", "--after", "grid", "--after-any", "lr", "--", "true")
+    script = c.ok("export", "sbatch", "grid")
+    assert "#SBATCH --job-name=grid" in script and "#SBATCH --array=0-3%2" in script
+    assert "#SBATCH --output=logs/%A_%a.out" in script
+    assert 'export GPUCLAIM_ARRAY_INDEX="$SLURM_ARRAY_TASK_ID"' in script
+    assert script.rstrip().endswith("python3 train.py --x")
+    lr = c.ok("export", "sbatch", "lr")
+    # what every task shares stays on the command line; each task's own words go per index
+    assert "  0) words=(0.1 --tag 'a b') ;;" in lr
+    assert "  1) words=(0.01 --tag '$HOME') ;;" in lr
+    assert lr.rstrip().endswith('python3 train.py --lr "${words[@]}"')
+    out = tmp_path / "scripts"
+    c.ok("export", "sbatch", "--history", "1", "--out", str(out))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "grid.sbatch",
+        "lr.sbatch",
+        "merge.sbatch",
+        "submit-all.sh",
+    ]
+    chain = (out / "submit-all.sh").read_text().splitlines()
+    assert chain[-3:] == [
+        "job0=$(sbatch --parsable grid.sbatch)",
+        "job1=$(sbatch --parsable lr.sbatch)",
+        "job2=$(sbatch --parsable --dependency=afterok:$job0,afterany:$job1 merge.sbatch)",
+    ]
+    assert "--dependency=afterok:<the SLURM job id of grid>" in (out / "merge.sbatch").read_text()
+    # the case statement hands each task its words exactly, under a real bash
+    body = lr.rstrip().rsplit("\n", 1)[0] + '\nprintf "%s\\n" "${words[@]}"\n'
+    got = subprocess.run(
+        ["bash", "-c", body],
+        env={"SLURM_ARRAY_TASK_ID": "1", "PATH": "/usr/bin:/bin", "HOME": "/nowhere"},
+        capture_output=True,
+        text=True,
+    )
+    assert got.stdout.splitlines() == ["0.01", "--tag", "$HOME"], got.stderr

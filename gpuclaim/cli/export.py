@@ -92,7 +92,7 @@ def sbatch(
 ) -> None:
     """An sbatch script per job: its command, environment, directory, GPUs and time limit."""
     from gpuclaim.app.slurm import jobs_since
-    from gpuclaim.engine.job_records import find_job, load_jobs
+    from gpuclaim.engine.job_records import load_jobs
 
     st = state(ctx)
     if (name is None) == (history is None):
@@ -100,7 +100,7 @@ def sbatch(
     if history is not None and out_dir is None:
         raise UsageError("--history writes one file per job: add --out DIR")
     if name is not None:
-        jobs = [find_job(st.store, st.user, name, active_only=False)]
+        jobs = [_job_or_array(st, name)]
     else:
         since = st.store.now() - (history or 0) * 86400
         jobs = jobs_since(load_jobs(st.store), since, None if all_users else st.user)
@@ -113,10 +113,16 @@ def sbatch(
     if out_dir is None:
         if not scripts:
             raise typer.Exit(ExitCode.ERROR)
-        sys.stdout.write(next(iter(scripts.values())))
+        sys.stdout.write(next(iter(scripts.values()))[0])
         return
-    _write(out_dir, scripts)
-    out().print(f"Wrote {len(scripts)} script(s) to {out_dir}: {', '.join(scripts) or 'none'}.")
+    order = [(file_name, job) for file_name, (_, job) in scripts.items()]
+    files = {file_name: text for file_name, (text, _) in scripts.items()}
+    if any(job.after for _, job in order):
+        from gpuclaim.app.slurm import submit_all
+
+        files["submit-all.sh"] = submit_all(order)
+    _write(out_dir, files)
+    out().print(f"Wrote {len(files)} file(s) to {out_dir}: {', '.join(files) or 'none'}.")
     if not scripts:
         raise typer.Exit(ExitCode.ERROR)
 
@@ -124,25 +130,53 @@ def sbatch(
 def _scripts(
     st: Any, jobs: list[Any], all_users: bool
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """{file name: script}, and (job, why) for the jobs that have no batch form."""
+    """{file name: (script, job)}, and (job, why) for the jobs that have no batch form. An
+    array's tasks are one script (``--array``)."""
     from gpuclaim.app import slurm as se
     from gpuclaim.core.errors import GpuclaimError
+    from gpuclaim.engine.array_records import array_tasks
 
     nodes, _ = se.gather_inventory(st.config, st.prober)
-    scripts: dict[str, str] = {}
+    scripts: dict[str, tuple[str, Any]] = {}
     skipped = []
+    arrays_done: set[str] = set()
     for job in jobs:
+        tasks: list[Any] = []
+        if job.array is not None:
+            if job.array.id in arrays_done:
+                continue
+            arrays_done.add(job.array.id)
+            record = st.store.load_array(array_id=job.array.id)
+            tasks = array_tasks(st.store, record) if record else [job]
         node = job.ranks[0].node if job.ranks else job.node
         gpu_type = se.job_gpu_type(nodes, job)
         partition = se.partition_for(nodes, node, gpu_type) if nodes else None
         try:
-            text = se.render_sbatch(job, gpu_type, partition)
+            text = se.render_sbatch(job, gpu_type, partition, tasks)
         except GpuclaimError as exc:
             skipped.append((job.name, exc.message))
             continue
-        stem = f"{job.user}-{job.name}" if all_users else job.name
-        scripts[f"{stem}.sbatch"] = text
+        name = job.array.name if job.array else job.name
+        stem = f"{job.user}-{name}" if all_users else name
+        scripts[f"{stem}.sbatch"] = (text, job)
     return scripts, skipped
+
+
+def _job_or_array(st: Any, name: str) -> Any:
+    """A job of the user's by name or id, or an array's first task (the array's script)."""
+    from gpuclaim.core.errors import GpuclaimError
+    from gpuclaim.engine.array_records import array_tasks
+    from gpuclaim.engine.arrays import find_array
+    from gpuclaim.engine.job_records import find_job
+
+    try:
+        return find_job(st.store, st.user, name, active_only=False)
+    except GpuclaimError:
+        record = find_array(st.store, st.user, name, active_only=False)
+        tasks = array_tasks(st.store, record) if record else []
+        if not tasks:
+            raise
+        return tasks[0]
 
 
 def _write(out_dir: Path, files: dict[str, str], private: frozenset[str] = frozenset()) -> None:

@@ -6,6 +6,7 @@ Layout::
     <root>/locks/<uuid>.lock   short-lived lock taken by whoever *removes or rewrites* a claim file
     <root>/events/<host>.jsonl append-only event log, one writer host per file
     <root>/drain/<node>        node drained (no new claims), JSON with who and why
+    <root>/jobs/<id>.json      a job's record; <id>.array an array's, <id>.ended/<i> its ended tasks
     <root>/tmp/ trash/ corrupt/
 
 The contract (README, "How claims stay correct"):

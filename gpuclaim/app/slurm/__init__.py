@@ -41,6 +41,7 @@ from gpuclaim.app.slurm.sbatch import (
     jobs_since,
     render_sbatch,
     sbatch_quote,
+    submit_all,
 )
 from gpuclaim.app.slurm.spec import (
     ACCOUNTING,
@@ -93,4 +94,5 @@ __all__ = [
     "slurm_advice",
     "slurm_type_name",
     "ssh_address",
+    "submit_all",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.app.slurm.syntax import comment
+from gpuclaim.core.arrays import compact
 from gpuclaim.core.durations import format_slurm_time
 from gpuclaim.core.errors import UsageError
 
@@ -52,16 +53,24 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_sbatch(job: Job, gpu_type: str = "", partition: Optional[str] = None) -> str:
+def render_sbatch(
+    job: Job, gpu_type: str = "", partition: Optional[str] = None, tasks: Sequence[Job] = ()
+) -> str:
     """An sbatch script that runs ``job`` as gpuclaim ran it: same command (argv exactly),
-    environment, directory, GPUs per node, nodes and time limit."""
+    environment, directory, GPUs per node, nodes and time limit. ``tasks``: every task of
+    the array ``job`` belongs to, as one ``--array`` job (a sweep's words per task index)."""
     if job.kind != "batch":
         raise UsageError(
             f"{job.name} is an interactive {job.kind}: in SLURM that is "
             f"`srun --gres=gpu:{gpu_type + ':' if gpu_type else ''}{job.gpus_per_node} --pty bash`"
         )
     gres = f"gpu:{gpu_type}:{job.gpus_per_node}" if gpu_type else f"gpu:{job.gpus_per_node}"
-    directives = [("job-name", job.name)]
+    array = job.array
+    directives = [("job-name", array.name if array else job.name)]
+    if array is not None:
+        indices = tuple(sorted(t.array.index for t in tasks if t.array)) or (array.index,)
+        limit = f"%{array.max_running}" if array.max_running else ""
+        directives.append(("array", compact(indices) + limit))
     if partition:
         directives.append(("partition", partition))
     directives += [
@@ -69,7 +78,7 @@ def render_sbatch(job: Job, gpu_type: str = "", partition: Optional[str] = None)
         ("ntasks-per-node", "1"),
         ("gres", gres),
         ("time", format_slurm_time(job.time_limit_s)),
-        ("output", "logs/%j.out"),
+        ("output", "logs/%A_%a.out" if array else "logs/%j.out"),
     ]
     if job.workdir:
         directives.append(("chdir", job.workdir))
@@ -83,19 +92,81 @@ def render_sbatch(job: Job, gpu_type: str = "", partition: Optional[str] = None)
         f"# Output: logs/JOBID.out in {where}; create logs/ there first.",
         "# SLURM sets CUDA_VISIBLE_DEVICES to the GPUs it gives the job.",
         "",
+        *_dependency_lines(job),
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "export PYTHONUNBUFFERED=1",
     ]
+    if array is not None:
+        out += [
+            'export GPUCLAIM_ARRAY_INDEX="$SLURM_ARRAY_TASK_ID"',
+            'export GPUCLAIM_ARRAY_JOB="$SLURM_ARRAY_JOB_ID"',
+            f"export GPUCLAIM_ARRAY_NAME={shlex.quote(array.name)}",
+            f"export GPUCLAIM_ARRAY_COUNT={len(tasks) or array.count}",
+        ]
     for key, value in job.env:
-        if key == "CUDA_VISIBLE_DEVICES":
+        if key == "CUDA_VISIBLE_DEVICES" or (array and key.startswith("GPUCLAIM_ARRAY_")):
             continue  # SLURM's choice, not the one gpuclaim made back then
         if _ENV_NAME.match(key):
             out.append(f"export {key}={shlex.quote(value)}")
         else:
             out.append(f"# left out {comment(repr(key))}: not a name a shell can export")
     out.append("")
-    out += _gang_lines(job) if job.nodes_wanted > 1 else [shlex.join(job.argv)]
+    if array is not None and tasks:
+        out += _array_command(tasks)
+    else:
+        out += _gang_lines(job) if job.nodes_wanted > 1 else [shlex.join(job.argv)]
     return "\n".join(out) + "\n"
+
+
+def _dependency_lines(job: Job) -> list[str]:
+    """``--after``: SLURM's job ids exist only once submitted, so the flag is said, and the
+    chain is in submit-all.sh (``export sbatch --history --out``)."""
+    lines = []
+    for dep in job.after:
+        kind = "afterany" if dep.any else "afterok"
+        lines.append(
+            f"# gpuclaim ran this after {comment(dep.name)} "
+            f"{'ended' if dep.any else 'succeeded'}: submit it with "
+            f"sbatch --dependency={kind}:<the SLURM job id of {comment(dep.name)}>"
+        )
+    return [*lines, ""] if lines else []
+
+
+def _array_command(tasks: Sequence[Job]) -> list[str]:
+    """The command, once per task: the argv all tasks share, and a sweep's own words per
+    index (each word quoted: nothing is expanded, as under gpuclaim)."""
+    argvs = [t.argv for t in tasks]
+    shared = list(argvs[0])
+    for argv in argvs[1:]:
+        keep = 0
+        while keep < min(len(shared), len(argv)) and shared[keep] == argv[keep]:
+            keep += 1
+        shared = shared[:keep]
+    if all(len(a) == len(shared) for a in argvs):
+        return [shlex.join(shared)]
+    lines = ['case "$SLURM_ARRAY_TASK_ID" in']
+    for task in tasks:
+        words = " ".join(shlex.quote(w) for w in task.argv[len(shared) :])
+        index = task.array.index if task.array else 0
+        lines.append(f"  {index}) words=({words}) ;;")
+    lines += ['  *) echo "no task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    return [*lines, shlex.join(shared) + ' "${words[@]}"']
+
+
+def submit_all(scripts: Sequence[tuple[str, Job]]) -> str:
+    """``submit-all.sh``: every script in submit order, each ``--after`` as SLURM's
+    ``--dependency`` on the id its dependency got a line earlier."""
+    ids = {}
+    lines = ["#!/bin/bash", "# Written by `gpuclaim export sbatch`: submits in order.", "set -e"]
+    for index, (file_name, job) in enumerate(scripts):
+        var = f"job{index}"
+        ids[job.array.id if job.array else job.id] = var
+        needs = [
+            f"{'afterany' if d.any else 'afterok'}:${ids[d.id]}" for d in job.after if d.id in ids
+        ]
+        flag = f" --dependency={','.join(needs)}" if needs else ""
+        lines.append(f"{var}=$(sbatch --parsable{flag} {shlex.quote(file_name)})")
+    return "\n".join(lines) + "\n"
 
 
 def jobs_since(jobs: Sequence[Job], since: float, user: Optional[str]) -> list[Job]:
