@@ -163,6 +163,7 @@ def test_every_listing_prints_json(cluster: Any, tmp_path: Path) -> None:
         "corrupt": [],
         "lost_jobs": [],
         "sync_copies_removed": {"node01": 0, "node02": 0},  # per node that answered
+        "jobs_archived": 0,
     }
     assert j("drain", "node02", "--reason", "fan") == {
         "node": "node02",

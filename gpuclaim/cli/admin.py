@@ -18,14 +18,16 @@ def gc(
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
     from gpuclaim.engine.claims import collect_garbage
-    from gpuclaim.engine.job_records import load_jobs
+    from gpuclaim.engine.job_records import archive_finished, load_jobs
     from gpuclaim.engine.sync import prune_copies
 
     st = state(ctx)
     report = collect_garbage(st.store, st.user, st.prober, st.config)
     st.dispatch_quietly()
+    archived = archive_finished(st.store, load_jobs(st.store))  # every one a day old
     # your --sync copies on the nodes, once their jobs ended [run] keep_copies ago
-    copies = prune_copies(st.config, st.ops, load_jobs(st.store), st.user, st.store.now())
+    every_job = load_jobs(st.store, archived=True)
+    copies = prune_copies(st.config, st.ops, every_job, st.user, st.store.now())
     if quiet:
         return
     if as_json:
@@ -36,6 +38,7 @@ def gc(
                 "corrupt": report.corrupt,
                 "lost_jobs": report.lost_jobs,
                 "sync_copies_removed": copies,
+                "jobs_archived": archived,
             }
         )
         return
@@ -49,9 +52,11 @@ def gc(
         console.print(f"Abandoned half-made claim {c.id} of {c.user} on {c.node}: removed")
     for name in report.lost_jobs:
         console.print(f"Job {name}: its node or wrapper went away; recorded as lost")
+    if archived:
+        console.print(f"Archived {archived} job records that ended over a day ago")
     for u in report.corrupt:
         console.print(f"Damaged claim file for GPU {u}: moved to {st.store.root / 'corrupt'}")
-    if not (report.expired or report.incomplete or report.corrupt or report.lost_jobs):
+    if not (report.expired or report.incomplete or report.corrupt or report.lost_jobs or archived):
         console.print("Nothing to collect.")
 
 
@@ -150,5 +155,5 @@ def _slurm_advice(st: Any, report: Any) -> Optional[str]:
     events, _ = st.store.read_events()
     users = {e.user for e in events if e.ts >= since and e.user}
     gpus = sum(h.gpus for h in report)
-    waits = queue_waits(load_jobs(st.store), since=since, now=now)
+    waits = queue_waits(load_jobs(st.store, archived=True), since=since, now=now)
     return slurm_advice(gpus=gpus, users=len(users), queue_waits_s=waits)

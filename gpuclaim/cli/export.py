@@ -103,7 +103,7 @@ def sbatch(
         jobs = [_job_or_array(st, name)]
     else:
         since = st.store.now() - (history or 0) * 86400
-        jobs = jobs_since(load_jobs(st.store), since, None if all_users else st.user)
+        jobs = jobs_since(load_jobs(st.store, archived=True), since, None if all_users else st.user)
         if not jobs:
             out().print(f"No jobs {'' if all_users else 'of yours '}in the last {history} days.")
             return

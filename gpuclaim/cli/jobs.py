@@ -321,7 +321,7 @@ def jobs(
     positions = queue_positions(store)
     day_ago = snap.now - 86400
     rows = []
-    for job in load_jobs(store):
+    for job in load_jobs(store, archived=show_all):
         visible = (
             show_all
             or job.state in ACTIVE_JOB_STATES
@@ -335,7 +335,8 @@ def jobs(
         rows.append(d)
     completion.remember(
         st.config.path,
-        replace={"jobs": [completion.job_item(d) for d in rows]},
+        # the running and queued ones, and the newest others: enough to complete a name
+        replace={"jobs": [completion.job_item(d) for d in _worth_completing(rows)]},
         add={"users": [(str(d["user"]), "") for d in rows]},
     )
     if as_json:
@@ -344,6 +345,16 @@ def jobs(
         from gpuclaim.cli.arrays import grouped_rows
 
         out().print(jobs_table(rows if tasks else grouped_rows(rows), snap.now))
+
+
+COMPLETED_JOBS = 200
+
+
+def _worth_completing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from gpuclaim.core.states import ACTIVE_JOB_STATES
+
+    live = [d for d in rows if d["state"] in ACTIVE_JOB_STATES]
+    return live + [d for d in rows[-COMPLETED_JOBS:] if d["state"] not in ACTIVE_JOB_STATES]
 
 
 def logs(

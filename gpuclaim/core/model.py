@@ -297,12 +297,22 @@ class JobRank:
     conda: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["gpus"] = list(self.gpus)
-        d["gpu_uuids"] = list(self.gpu_uuids)
-        d["started"] = iso(self.started)
-        d["ended"] = iso(self.ended)
-        return d
+        # spelled out, not asdict(): its deep copy was most of `jobs --json` at 10,000 jobs
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
+            "claim_id": self.claim_id,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "log": self.log,
+            "started": iso(self.started),
+            "ended": iso(self.ended),
+            "workdir": self.workdir,
+            "venv": self.venv,
+            "conda": self.conda,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobRank:

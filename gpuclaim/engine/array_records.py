@@ -107,10 +107,12 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
 
 
 def array_tasks(store: Store, record: dict[str, Any]) -> list[Job]:
-    """Every task of an array record, in index order (a missing record is skipped)."""
-    tasks = []
-    for index in record.get("indices") or ():
-        data = store.load_job_dict(job_id=task_id(str(record["id"]), int(index)))
-        if data is not None:
-            tasks.append(Job.from_dict(data))
-    return tasks
+    """Every task of an array record, in index order, live or archived (a missing record is
+    skipped; the archive is read only when a task is not live)."""
+    array_id = str(record["id"])
+    wanted = [task_id(array_id, int(index)) for index in record.get("indices") or ()]
+    found = {i: store.load_job_dict(job_id=i) for i in wanted}
+    if any(d is None for d in found.values()):
+        archived = {str(d.get("id")): d for d in store.archived_job_dicts()}
+        found = {i: d if d is not None else archived.get(i) for i, d in found.items()}
+    return [Job.from_dict(d) for d in found.values() if d is not None]

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
 from gpuclaim.core.states import FINAL_STATES
-from gpuclaim.engine.job_records import load_jobs
+from gpuclaim.engine.job_records import load_job_anywhere, load_jobs
 from gpuclaim.store import Store
 
 WAITING, READY, BROKEN = "waiting", "ready", "broken"
@@ -38,6 +38,9 @@ def resolve_after(
         if own_name is not None and name == own_name:
             raise UsageError(f"{flag} {name}: a job cannot wait for itself (a cycle)")
         dep, state = _lookup(jobs, arrays, user, name, any_end)
+        if dep is None:  # a job that ended over a day ago is in the archive
+            jobs = load_jobs(store, archived=True)
+            dep, state = _lookup(jobs, arrays, user, name, any_end)
         if dep is None:
             raise UsageError(
                 f"{flag} {name}: you have no job or array named {name!r}",
@@ -89,7 +92,7 @@ def judge(store: Store, job: Job) -> tuple[str, str]:
             if not dep.any and not result.get("succeeded"):
                 return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
             continue
-        data = store.load_job_dict(job_id=dep.id)
+        data = load_job_anywhere(store, dep.id)  # ended long ago: archived
         if data is None:
             return BROKEN, f"job {dep.name} it waited for is gone"
         state = str(data.get("state"))

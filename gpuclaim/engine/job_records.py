@@ -5,6 +5,7 @@ Below claims and the job lifecycle: both finish ranks, neither is needed to do i
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
@@ -14,27 +15,76 @@ from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
 
+ARCHIVE_AFTER_S = 86400.0  # a finished job leaves jobs/ a day after its end: by then
+# `jobs` no longer shows it unless --all, which reads the archive too
+ARCHIVE_BATCH = 200  # readers move old records only this many at a time (gc: any number)
 
-def load_jobs(store: Store) -> list[Job]:
+
+def load_jobs(store: Store, archived: bool = False) -> list[Job]:
+    """The job records, oldest first: the live ones (every job not ended a day ago), and
+    with ``archived`` the archive's too. Moves a batch of old records to the archive when
+    it has read that many (a look then stays as fast however long the history grows)."""
+    live = _parse(store.list_job_dicts())  # live first: a record moved meanwhile is archived
+    old = _parse(store.archived_job_dicts()) if archived else []
+    archive_finished(store, live, ARCHIVE_BATCH)
+    by_id = {j.id: j for j in old}
+    by_id.update((j.id, j) for j in live)  # a crash mid-move leaves both: the live one wins
+    # an array's tasks share their submit time: then by index
+    return sorted(by_id.values(), key=lambda j: (j.submitted, j.array.index if j.array else 0))
+
+
+def _parse(dicts: list[dict[str, Any]]) -> list[Job]:
     jobs = []
-    for d in store.list_job_dicts():
+    for d in dicts:
         try:
             jobs.append(Job.from_dict(d))
         except (KeyError, ValueError, TypeError):
             continue
-    # an array's tasks share their submit time: then by index
-    return sorted(jobs, key=lambda j: (j.submitted, j.array.index if j.array else 0))
+    return jobs
+
+
+def archive_finished(store: Store, jobs: list[Job], minimum: int = 1) -> int:
+    """Move the records of ``jobs`` that ended over ARCHIVE_AFTER_S ago to the archive, if
+    there are at least ``minimum``; a task only once its array's summary is written (the
+    summary reads the live records). How many moved; a store that refuses writes: 0."""
+    cutoff = time.time() - ARCHIVE_AFTER_S  # a day's age: our clock is close enough
+    old = [j for j in jobs if j.state in FINAL_STATES and j.ended is not None and j.ended < cutoff]
+    if len(old) < minimum:
+        return 0
+    if any(j.array is not None for j in old):
+        done = {str(a.get("id")) for a in store.list_arrays() if a.get("result") is not None}
+        old = [j for j in old if j.array is None or j.array.id in done]
+        if len(old) < minimum:
+            return 0
+    try:
+        return store.archive_jobs(job_ids=[j.id for j in old])
+    except GpuclaimError:
+        return 0  # read-only or full storage: looking still works, the move waits
 
 
 def find_job(store: Store, user: str, name: str, active_only: bool = True) -> Job:
     """A user's job by name (the newest one) or by id."""
-    matches = [j for j in load_jobs(store) if (j.name == name and j.user == user) or j.id == name]
+    matches = _matching(load_jobs(store), user, name)
+    if not matches:  # only an old job has that name: look in the archive
+        matches = _matching(load_jobs(store, archived=True), user, name)
     if active_only:
         live = [j for j in matches if j.state in ACTIVE_JOB_STATES]
         matches = live or matches
     if not matches:
         raise GpuclaimError(f"no job {name!r} of {user}", hint="see 'gpuclaim jobs'")
     return matches[-1]
+
+
+def _matching(jobs: list[Job], user: str, name: str) -> list[Job]:
+    return [j for j in jobs if (j.name == name and j.user == user) or j.id == name]
+
+
+def load_job_anywhere(store: Store, job_id: str) -> Optional[dict[str, Any]]:
+    """A job's record, live or archived (the archive is read only when it is not live)."""
+    data = store.load_job_dict(job_id=job_id)
+    if data is None:
+        data = next((d for d in store.archived_job_dicts() if d.get("id") == job_id), None)
+    return data
 
 
 def finish_rank(

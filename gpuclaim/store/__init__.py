@@ -7,6 +7,7 @@ Layout::
     <root>/events/<host>.jsonl append-only event log, one writer host per file
     <root>/drain/<node>        node drained (no new claims), JSON with who and why
     <root>/jobs/<id>.json      a job's record; <id>.array an array's, <id>.ended/<i> its ended tasks
+    <root>/jobs/archive/       finished job records a day old, moved in batches (.jsonl)
     <root>/tmp/ trash/ corrupt/
 
 The contract (README, "How claims stay correct"):
@@ -25,14 +26,15 @@ The contract (README, "How claims stay correct"):
 
 ``filelock`` guards only what is host-local: appends to this host's event log.
 
-One module per concern (``layout``, ``claims``, ``records``, ``arrays``, ``queue``, ``usage``,
-``notices``, ``drains``, ``events``, ``sweep``; files and locks in ``files`` and ``base``),
-joined here into ``ClaimStore``. The interface the rest of gpuclaim uses is
+One module per concern (``layout``, ``claims``, ``records``, ``archive``, ``arrays``, ``queue``,
+``usage``, ``notices``, ``drains``, ``events``, ``sweep``; files and locks in ``files`` and
+``base``), joined here into ``ClaimStore``. The interface the rest of gpuclaim uses is
 ``interface.Store``, written once.
 """
 
 from __future__ import annotations
 
+from gpuclaim.store.archive import JobArchivePart
 from gpuclaim.store.arrays import ArraysPart
 from gpuclaim.store.claims import ClaimsPart
 from gpuclaim.store.drains import DrainsPart
@@ -65,6 +67,7 @@ class ClaimStore(
     ClaimsPart,
     SweepPart,
     JobRecordsPart,
+    JobArchivePart,
     ArraysPart,
     QueuePart,
     UsagePart,
