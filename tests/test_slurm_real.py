@@ -404,3 +404,61 @@ def test_exported_paths_are_those_debians_packages_make(make_cluster, tmp_path):
             unit = Path(f"/lib/systemd/system/{daemon}.service")
             assert unit.exists(), f"no {unit}: apt-get install {daemon}"
             assert f"PIDFile={pid_file}\n" in unit.read_text(), (daemon, pid_file)
+
+
+SWEEP_TASK = (
+    "import json, os, sys, time; time.sleep(0.5); print(json.dumps({'argv': sys.argv[1:],"
+    " 'index': os.environ.get('GPUCLAIM_ARRAY_INDEX'), 'end': time.time()}))"
+)
+EVAL = "import json, os, time; print(json.dumps({'start': time.time()}))"
+SWEEP_LINES = ["--lr 0.1 'a b'", '--lr 0.2 "$HOME"', "# a comment", "--lr 0.3 '*'"]
+SWEEP_ARGS = [["--lr", "0.1", "a b"], ["--lr", "0.2", "$HOME"], ["--lr", "0.3", "*"]]
+
+
+def test_an_exported_sweep_and_its_dependant_run_on_a_real_slurm(
+    named_testbed, make_remote, slurm, tmp_path
+):
+    """`run --sweep` with at most 2 at once, then a job `--after` it, through gpuclaim;
+    exported, SLURM runs the array (one task per line, each line's words exactly) and only
+    then the dependant, chained by the exported submit-all.sh."""
+    for alias, host in HOSTS.items():
+        named_testbed.set_gpus(alias, [{"name": n, "memory_total_mib": 81920} for n in GPUS[host]])
+    c = make_remote(named_testbed)
+    work = tmp_path / "sweep work"
+    work.mkdir()
+    (work / "lrs.txt").write_text("\n".join(SWEEP_LINES) + "\n")
+    c.ok(
+        *("run", "--sweep", str(work / "lrs.txt"), "--max-running", "2", "--name", "lr"),
+        *("--node", "node01", "-C", str(work), "--", "python3", "-c", SWEEP_TASK),
+    )
+    c.ok(
+        *("run", "--after", "lr", "--name", "eval", "--node", "node01", "-C", str(work)),
+        *("--", "python3", "-c", EVAL),
+    )
+    assert _wait_job(c, "eval", timeout=60)["state"] == "succeeded"
+
+    export, scripts = tmp_path / "export", tmp_path / "scripts"
+    assert c.cli("export", "slurm", "--out", str(export)).returncode == 0
+    proc = c.cli("export", "sbatch", "--history", "1", "--out", str(scripts))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in scripts.iterdir()) == [
+        "eval.sbatch",
+        "lr.sbatch",
+        "submit-all.sh",
+    ]
+    assert "#SBATCH --array=0-2%2" in (scripts / "lr.sbatch").read_text()
+
+    tb = slurm(export, GPUS)
+    (work / "logs").mkdir()
+    out = tb.run("bash", str(scripts / "submit-all.sh"), cwd=scripts)
+    assert out.strip() == "", out
+    deadline = time.monotonic() + 60
+    while tb.run("squeue", "-h").strip():
+        assert time.monotonic() < deadline, tb.run("squeue")
+        time.sleep(0.2)
+    logs = {p.name: p.read_text() for p in (work / "logs").iterdir()}
+    tasks = sorted((json.loads(t) for n, t in logs.items() if "_" in n), key=lambda t: t["index"])
+    assert [t["index"] for t in tasks] == ["0", "1", "2"], logs
+    assert [t["argv"] for t in tasks] == SWEEP_ARGS
+    (eval_log,) = [json.loads(t) for n, t in logs.items() if "_" not in n]
+    assert eval_log["start"] > max(t["end"] for t in tasks), "afterok: after the whole array"

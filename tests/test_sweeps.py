@@ -347,11 +347,18 @@ def test_export_sbatch_of_an_array_a_sweep_and_a_dependency(make_cluster, tmp_pa
         "submit-all.sh",
     ]
     chain = (out / "submit-all.sh").read_text().splitlines()
-    assert chain[-3:] == [
+    submits = [line for line in chain if "$(sbatch" in line]
+    assert submits == [
         "job0=$(sbatch --parsable grid.sbatch)",
         "job1=$(sbatch --parsable lr.sbatch)",
         "job2=$(sbatch --parsable --dependency=afterok:$job0,afterany:$job1 merge.sbatch)",
     ]
+    # "id;cluster" (a federation) becomes the id, under a real bash
+    keep_id = chain[chain.index(submits[0]) + 1]
+    got = subprocess.run(
+        ["bash", "-c", f'job0="123;lab"\n{keep_id}\necho "$job0"'], capture_output=True, text=True
+    )
+    assert got.stdout == "123\n"
     assert "--dependency=afterok:<the SLURM job id of grid>" in (out / "merge.sbatch").read_text()
     # the case statement hands each task its words exactly, under a real bash
     body = lr.rstrip().rsplit("\n", 1)[0] + '\nprintf "%s\\n" "${words[@]}"\n'

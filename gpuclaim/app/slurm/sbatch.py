@@ -166,6 +166,7 @@ def submit_all(scripts: Sequence[tuple[str, Job]]) -> str:
         ]
         flag = f" --dependency={','.join(needs)}" if needs else ""
         lines.append(f"{var}=$(sbatch --parsable{flag} {shlex.quote(file_name)})")
+        lines.append(f'{var}="${{{var}%%;*}}"  # "id;cluster" where SLURM names the cluster')
     return "\n".join(lines) + "\n"
 
 
