@@ -12,7 +12,7 @@ from typing import Any, Optional
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
 from gpuclaim.core.states import FINAL_STATES
-from gpuclaim.engine.job_records import load_job_anywhere, load_jobs
+from gpuclaim.engine.job_records import load_archived, load_job_anywhere, load_jobs
 from gpuclaim.store import Store
 
 WAITING, READY, BROKEN = "waiting", "ready", "broken"
@@ -39,8 +39,7 @@ def resolve_after(
             raise UsageError(f"{flag} {name}: a job cannot wait for itself (a cycle)")
         dep, state = _lookup(jobs, arrays, user, name, any_end)
         if dep is None:  # a job that ended over a day ago is in the archive
-            jobs = load_jobs(store, archived=True)
-            dep, state = _lookup(jobs, arrays, user, name, any_end)
+            dep, state = _lookup(load_archived(store), arrays, user, name, any_end)
         if dep is None:
             raise UsageError(
                 f"{flag} {name}: you have no job or array named {name!r}",

@@ -33,6 +33,11 @@ def load_jobs(store: Store, archived: bool = False) -> list[Job]:
     return sorted(by_id.values(), key=lambda j: (j.submitted, j.array.index if j.array else 0))
 
 
+def load_archived(store: Store) -> list[Job]:
+    """Only the archive's jobs, oldest first: for a name the live records did not have."""
+    return sorted(_parse(store.archived_job_dicts()), key=lambda j: j.submitted)
+
+
 def _parse(dicts: list[dict[str, Any]]) -> list[Job]:
     jobs = []
     for d in dicts:
@@ -66,7 +71,7 @@ def find_job(store: Store, user: str, name: str, active_only: bool = True) -> Jo
     """A user's job by name (the newest one) or by id."""
     matches = _matching(load_jobs(store), user, name)
     if not matches:  # only an old job has that name: look in the archive
-        matches = _matching(load_jobs(store, archived=True), user, name)
+        matches = _matching(load_archived(store), user, name)
     if active_only:
         live = [j for j in matches if j.state in ACTIVE_JOB_STATES]
         matches = live or matches
