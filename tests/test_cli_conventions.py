@@ -56,7 +56,18 @@ NO_JSON = {
     ("export", "sbatch"): "prints a script",
 }
 # Commands that act take -q/--quiet: nothing but errors, the exit code says the rest.
-QUIET = {"claim", "release", "extend", "run", "kill", "gc", "drain", "undrain", "pull"}
+QUIET = {
+    "claim",
+    "release",
+    "extend",
+    "run",
+    "kill",
+    "gc",
+    "drain",
+    "undrain",
+    "pull",
+    "reserve",
+}
 
 
 def options_of(path: tuple[str, ...]) -> set[str]:
@@ -204,6 +215,7 @@ def test_quiet_prints_nothing_but_errors(cluster: Any) -> None:
         ("gc", "-q"),
         ("drain", "node01", "-q"),
         ("undrain", "node01", "-q"),
+        ("reserve", "-n", "1", "--start", "+1h", "--time", "1h", "-q"),
     ):
         proc = run(cluster, *args)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", ""), args

@@ -160,3 +160,56 @@ def interval_dict(iv: Interval) -> dict[str, Any]:
         "job": iv.job or None,
         "note": iv.note if iv.note and not iv.job else None,
     }
+
+
+BOOKING_END_EVENTS = ("reserve-end", "reserve-noshow", "reserve-cancel")
+
+
+def booking_usage(
+    events: Iterable[Event],
+    intervals: Iterable[Interval],
+    since: Optional[float] = None,
+    until: Optional[float] = None,
+) -> dict[str, dict[str, Any]]:
+    """Per user: GPU-hours booked (while each booking held its GPUs: to its end, its cancel
+    or its release as a no-show) and the part of them the owner held no claim on that node,
+    clipped to [since, until]; and how many bookings were no-shows."""
+    claims_by: dict[tuple[str, str], list[Interval]] = {}
+    for iv in intervals:
+        claims_by.setdefault((iv.user, iv.node), []).append(iv)
+    result: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for ev in events:
+        rid = str(ev.extra.get("reservation") or "")
+        if ev.type not in BOOKING_END_EVENTS or not rid or rid in seen or ev.since is None:
+            continue
+        seen.add(rid)
+        start = ev.since if since is None else max(ev.since, since)
+        end = min(ev.ts, ev.expires or ev.ts)
+        end = end if until is None else min(end, until)
+        row = result.setdefault(
+            ev.user, {"booked_gpu_hours": 0.0, "unused_gpu_hours": 0.0, "no_shows": 0}
+        )
+        row["no_shows"] += ev.type == "reserve-noshow"
+        if end <= start:
+            continue
+        booked = len(ev.gpus)
+        row["booked_gpu_hours"] += booked * (end - start) / 3600.0
+        held = claims_by.get((ev.user, ev.node or "?"), [])
+        row["unused_gpu_hours"] += _uncovered(booked, start, end, held) / 3600.0
+    for row in result.values():
+        row["booked_gpu_hours"] = round(row["booked_gpu_hours"], 3)
+        row["unused_gpu_hours"] = round(row["unused_gpu_hours"], 3)
+    return result
+
+
+def _uncovered(booked: int, start: float, end: float, held: list[Interval]) -> float:
+    """GPU-seconds of ``booked`` GPUs over [start, end) not matched by claims held then."""
+    points = sorted(
+        {start, end, *(t for iv in held for t in (iv.start, iv.end) if start < t < end)}
+    )
+    total = 0.0
+    for a, b in zip(points, points[1:]):
+        claimed = sum(iv.gpus for iv in held if iv.start <= a and iv.end >= b)
+        total += max(0, booked - claimed) * (b - a)
+    return total

@@ -13,10 +13,11 @@ from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.identity import clean_note as core_clean_note
 from gpuclaim.core.model import Claim, Job
-from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
+from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import GpuRow
 from gpuclaim.engine.dispatch import dispatch_queue
 from gpuclaim.engine.jobs import kill_job
+from gpuclaim.engine.placement import ClaimRequest
 
 
 @dataclass(frozen=True)

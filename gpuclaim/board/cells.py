@@ -20,6 +20,7 @@ from gpuclaim.core.model import Claim
 from gpuclaim.core.states import STATE_STYLE
 from gpuclaim.engine.cluster import GpuRow
 from gpuclaim.engine.launch import CLAIM_MARGIN_S
+from gpuclaim.engine.reservations import booking_phrase
 
 GLYPH = {
     "free": "●",
@@ -29,6 +30,7 @@ GLYPH = {
     "unreachable": "✕",
     "probing": "…",
     "drained": "○",
+    "reserved": "◇",
 }
 SHORT_WORD = {"busy-unclaimed": "busy"}
 STYLE = {**STATE_STYLE, "probing": "dim", "drained": "dim green"}
@@ -161,7 +163,8 @@ def _left_words(row: GpuRow, ctx: RowContext) -> tuple[str, str]:
     """What the row shows of time held and left: a new minute is a new row."""
     claim = row.claim
     if claim is None:
-        return ("", "")
+        b = row.booking  # a booking's window words change with the clock too
+        return ("", booking_phrase(b, ctx.data.now)) if b is not None else ("", "")
     held = format_duration(ctx.data.now - claim.since)
     return (held, format_duration(time_left(claim, ctx.data)))
 
@@ -252,6 +255,10 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
         cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)
+    elif row.state == "reserved" and row.booking is not None:
+        mine = row.booking.user == ctx.me
+        cells["holder"] = Text(row.booking.user, style="bold cyan" if mine else "cyan")
+        cells["left"] = Text(format_duration(row.booking.end - data.now), style="cyan")
     cells["note"] = note_text(row, ctx, stale_age if group_size == 1 else None)
     if ctx.layout == NARROW and claim is not None and claim.job:
         cells["note"] = Text.assemble(job_text(claim.job, data), " ", cells["note"])
@@ -341,10 +348,14 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
     note = shown_note(claim, ctx.data) if claim is not None else ""
     if note:
         text.append(note)
-    if row.reason and (row.state != "claimed" or claim is None):
+    if row.reason and (row.state != "claimed" or claim is None) and row.state != "reserved":
         if text.plain and not text.plain.endswith("· "):
             text.append(" · ", style="dim")
         text.append(row.reason, style=STYLE.get(row.state, "dim"))
+    if row.booking is not None:  # the open booking, or the next one within a day
+        if text.plain and not text.plain.endswith("· "):
+            text.append(" · ", style="dim")
+        text.append("📅 " + booking_phrase(row.booking, ctx.data.now), style="cyan")
     if row.state == "unreachable" and row.index is None:
         sample = ctx.data.samples.get(row.node)
         if sample is not None and sample.last_ok is not None:

@@ -29,6 +29,9 @@ def claim(
     adopt: bool = typer.Option(
         False, "--adopt", help="Claim the GPUs your own already-running processes use."
     ),
+    reservation: Optional[str] = typer.Option(
+        None, "--reservation", metavar="ID", help="Exactly the GPUs of your booking ID."
+    ),
     short: bool = typer.Option(
         False,
         "--short",
@@ -40,10 +43,13 @@ def claim(
 ) -> None:
     """Claim GPUs (exit 3 if nothing fits now)."""
     from gpuclaim.cli.render import claim_lines
-    from gpuclaim.engine.claims import ClaimRequest, claim_gpus, parse_gpu_spec
+    from gpuclaim.engine.claims import claim_gpus, parse_gpu_spec
+    from gpuclaim.engine.placement import ClaimRequest
 
-    if sum(x is not None and x is not False for x in (count, gpu, adopt or None)) > 1:
-        raise UsageError("use one of -n, --gpu and --adopt")
+    if sum(x is not None and x is not False for x in (count, gpu, adopt or None, reservation)) > 1:
+        raise UsageError("use one of -n, --gpu, --adopt and --reservation")
+    if reservation and node:
+        raise UsageError("--reservation names its node already")
     st = state(ctx)
     exact = (parse_gpu_spec(gpu),) if gpu else ()
     if exact and node and exact[0][0] != node:
@@ -56,6 +62,7 @@ def claim(
         duration_s=parse_duration(time) if time else None,
         note=clean_note(note),
         adopt=adopt,
+        reservation=reservation,
     )
     with waiting("looking for free GPUs", quiet):
         result = claim_gpus(st.config, st.store, req, st.prober)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -32,7 +32,13 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """GPU-hours held, from the event log (and the claims held now)."""
-    from gpuclaim.app.history import GROUPINGS, claim_intervals, interval_dict, summarize
+    from gpuclaim.app.history import (
+        GROUPINGS,
+        booking_usage,
+        claim_intervals,
+        interval_dict,
+        summarize,
+    )
     from gpuclaim.cli.render import claims_history_table, history_table
 
     if by not in GROUPINGS:
@@ -58,6 +64,8 @@ def history(
         return
     usage = store.usage_summaries()
     rows = summarize(intervals, by=by, since=start, until=snap.now, user=user, usage=usage)
+    if by == "user":
+        _add_bookings(rows, booking_usage(events, intervals, start, snap.now), user)
     if as_json:
         print_json(rows)
     else:
@@ -66,6 +74,27 @@ def history(
         out().print(f"total {total:.2f} GPU-hours")
     if bad:
         err().print(f"warning: skipped {bad} damaged line(s) in {store.root / 'events'}")
+
+
+def _add_bookings(
+    rows: list[dict[str, Any]], booked: dict[str, dict[str, Any]], user: Optional[str]
+) -> None:
+    """Each user's row gets what they booked and left unused (a user who only booked gets a
+    row of their own)."""
+    by_user = {r["user"]: r for r in rows}
+    for who, numbers in booked.items():
+        if user is not None and who != user:
+            continue
+        row = by_user.get(who)
+        if row is None:
+            row = {"user": who, "gpu_hours": 0.0, "claims": 0}
+            row.update(busy_gpu_hours=None, utilization_pct=None)
+            rows.append(row)
+        row.update(numbers)
+    for row in rows:
+        row.setdefault("booked_gpu_hours", 0.0)
+        row.setdefault("unused_gpu_hours", 0.0)
+        row.setdefault("no_shows", 0)
 
 
 def _since(value: Optional[str], now: float) -> Optional[float]:

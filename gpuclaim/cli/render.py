@@ -13,6 +13,7 @@ from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim, parse_iso
 from gpuclaim.core.states import STATE_STYLE
 from gpuclaim.engine.cluster import ClusterView, GpuRow
+from gpuclaim.engine.reservations import booking_phrase
 
 if TYPE_CHECKING:
     from gpuclaim.app.doctor import NodeHealth
@@ -48,6 +49,12 @@ def _status_cells(
         note = row.reason if not note else f"{note} ({row.reason})"
     if row.claim is not None and row.state == "claimed" and row.reason:
         note = f"{note} ({row.reason})".strip()
+    if row.booking is not None:
+        holder = holder or (row.booking.user if row.state == "reserved" else "")
+        left = left or (format_duration(row.booking.end - now) if row.state == "reserved" else "")
+        note = booking_note(row, now) if row.state == "reserved" else note
+        if row.state != "reserved":
+            note = f"{note}; {booking_note(row, now)}" if note else booking_note(row, now)
     use = usage.get(row.claim.id) if row.claim is not None else None
     if use and use.get("idle"):
         state = Text(f"{row.state} (idle {format_duration(use['idle_for_s'])})", style="yellow dim")
@@ -64,6 +71,10 @@ def _status_cells(
     ]
 
 
+def booking_note(row: GpuRow, now: float) -> str:
+    return booking_phrase(row.booking, now) if row.booking is not None else ""
+
+
 def status_summary(view: ClusterView) -> str:
     counts: dict[str, int] = {}
     for row in view.rows:
@@ -71,7 +82,7 @@ def status_summary(view: ClusterView) -> str:
             counts[row.state] = counts.get(row.state, 0) + 1
     total = sum(counts.values())
     parts = [f"{counts.get('free', 0)}/{total} GPUs free"]
-    for state in ("claimed", "busy-unclaimed", "stale", "unreachable"):
+    for state in ("reserved", "claimed", "busy-unclaimed", "stale", "unreachable"):
         if counts.get(state):
             parts.append(f"{counts[state]} {state}")
     return " · ".join(parts)
@@ -94,9 +105,21 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     table.add_column("GPU-HOURS", justify="right")
     table.add_column("CLAIMS", justify="right")
     table.add_column("BUSY", justify="right")
+    booked = any(row.get("booked_gpu_hours") for row in rows)
+    if booked:
+        table.add_column("BOOKED", justify="right")
+        table.add_column("UNUSED", justify="right")
+        table.add_column("NO-SHOWS", justify="right")
     for row in rows:
         busy = "" if row.get("utilization_pct") is None else f"{row['utilization_pct']:.0f}%"
-        table.add_row(str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]), busy)
+        cells = [str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]), busy]
+        if booked:
+            cells += [
+                f"{row.get('booked_gpu_hours', 0):.2f}",
+                f"{row.get('unused_gpu_hours', 0):.2f}",
+                str(row.get("no_shows", 0)),
+            ]
+        table.add_row(*cells)
     return table
 
 

@@ -54,6 +54,10 @@ _DEFAULT_KEYS = {
     "heartbeat",
     "warm_agent",
     "agent_idle",
+    "reserve_grace",
+    "max_reservation",
+    "reserve_ahead",
+    "max_reserved_gpu_hours",
 }
 _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
 DEFAULT_KEEP_COPIES_S = 7 * 86400.0
@@ -110,6 +114,10 @@ class Limits:
     heartbeat_s: float = 10.0  # job wrappers' sign of life; lost after 3 missed + 2 s
     warm_agent: bool = True  # looks go to a node agent that stays up (openssh only)
     agent_idle_s: float = 600.0  # ... and exits after this long without a request
+    reserve_grace_s: float = 30 * 60  # a booking nobody uses this long after it opens is freed
+    max_reservation_s: float = 7 * 86400  # the longest booking
+    reserve_ahead_s: float = 90 * 86400  # how far ahead a booking may start
+    max_reserved_gpu_hours: float = 0.0  # per user, booked and not yet over; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -352,7 +360,18 @@ def _limits(table: dict[str, Any]) -> Limits:
         heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
         warm_agent=_bool(table, "warm_agent", base.warm_agent),
         agent_idle_s=_duration(table, "agent_idle", base.agent_idle_s),
+        reserve_grace_s=_duration(table, "reserve_grace", base.reserve_grace_s),
+        max_reservation_s=_duration(table, "max_reservation", base.max_reservation_s),
+        reserve_ahead_s=_duration(table, "reserve_ahead", base.reserve_ahead_s),
+        max_reserved_gpu_hours=_number(table, "max_reserved_gpu_hours"),
     )
+
+
+def _number(table: dict[str, Any], key: str) -> float:
+    value = table.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"'defaults.{key}' must be a number >= 0, not {value!r}")
+    return float(value)
 
 
 def _idle(table: dict[str, Any]) -> IdlePolicy:

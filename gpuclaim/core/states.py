@@ -15,6 +15,7 @@ class GpuState(str, Enum):
     BUSY_UNCLAIMED = "busy-unclaimed"
     STALE = "stale"
     UNREACHABLE = "unreachable"
+    RESERVED = "reserved"  # free, inside someone's booking window: theirs alone
 
     def __str__(self) -> str:
         return self.value
@@ -51,4 +52,5 @@ STATE_STYLE: dict[str, str] = {
     GpuState.BUSY_UNCLAIMED.value: "bold red",
     GpuState.STALE.value: "magenta",
     GpuState.UNREACHABLE.value: "dim red",
+    GpuState.RESERVED.value: "cyan",
 }

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.booking import Booking
+from gpuclaim.core.config import Config
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import (
     ConflictError,
     GpuclaimError,
-    NeverFitsError,
-    UnreachableError,
     UsageError,
 )
 from gpuclaim.core.events import claim_event
@@ -22,21 +22,24 @@ from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.engine.job_records import finish_rank, load_jobs
+from gpuclaim.engine.placement import (
+    ClaimRequest,
+    candidate_nodes,
+    hold_until,
+    pick_adopt,
+    pick_exact,
+    pick_free,
+)
+from gpuclaim.engine.reservations import (
+    blocked_message,
+    blocking,
+    booking_for,
+    my_open_bookings,
+    settle_bookings,
+)
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
-
-
-@dataclass(frozen=True)
-class ClaimRequest:
-    user: str
-    count: int = 1
-    node: Optional[str] = None
-    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((node, (0, 2)),) from --gpu
-    duration_s: Optional[float] = None
-    note: str = ""
-    job: Optional[str] = None
-    adopt: bool = False
 
 
 @dataclass
@@ -80,26 +83,32 @@ def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
 def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProber) -> Claim:
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
     duration = _checked_duration(config, req.duration_s)
-    nodes = _candidate_nodes(config, req)
+    if req.reservation:
+        booking = booking_for(
+            settle_bookings(config, store, store.snapshot()), req.reservation, req.user
+        )
+        req = dataclasses.replace(req, exact=((booking.node, tuple(booking.indices)),), node=None)
+    nodes = candidate_nodes(config, req)
     fits = req.count if not (req.exact or req.adopt) else None
     view = build_view(config, store, nodes, prober=prober, fits=fits)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         if req.adopt:
-            node, rows = _pick_adopt(view, req)
+            node, rows = pick_adopt(view, req)
         elif req.exact:
-            node, rows = _pick_exact(view, req)
+            node, rows = pick_exact(view, req, duration)
         else:
-            node, rows = _pick_free(config, view, req)
+            node, rows = pick_free(config, view, req, duration)
         _reap_stale(store, view, rows, req.user)
         now = store.now()
+        expires = min(hold_until(r, req, now, now + duration) for r in rows)
         claim = Claim(
             id=new_claim_id(),
             user=req.user,
             node=node,
             gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in rows),
             since=now,
-            expires=now + duration,
+            expires=expires,
             note=req.note,
             job=req.job,
             host=this_host(),
@@ -115,9 +124,57 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
             # with the same probe results.
             view = build_view(config, store, nodes, view.inventories)
             continue
+        # Linked first, bookings read second: a booking made meanwhile is seen here (or it
+        # saw this claim after its own write; store.bookings says why that is enough).
+        clash = _booked_meanwhile(store, claim)
+        if clash is not None:
+            _remove_own(store, claim)
+            if req.exact or req.adopt or attempt == RACE_RETRIES - 1:
+                raise ConflictError(blocked_message(clash, claim.indices, now, claim.expires))
+            view = build_view(config, store, nodes, view.inventories)
+            continue
+        _mark_bookings_used(store, view.snapshot.bookings, claim, now)
         store.append_event(claim_event("claim", claim, now))
         return claim
     raise ConflictError("could not claim: other claims kept winning the race; try again")
+
+
+def _check_bookings_allow(
+    bookings: Sequence[Booking], claim: Claim, now: float, until: float
+) -> None:
+    for uuid in claim.uuids:
+        b = blocking(bookings, uuid, claim.user, now, until)
+        if b is not None:
+            shared = [g.index for g in claim.gpus if g.uuid in b.uuids]
+            room = b.start - claim.expires
+            hint = f"you can add up to {format_duration(room)}" if room >= 60 else None
+            raise ConflictError(
+                f"claim {claim.id} cannot be extended: {blocked_message(b, shared, now, until)}",
+                hint=hint,
+            )
+
+
+def _booked_meanwhile(store: Store, claim: Claim) -> Optional[Booking]:
+    bookings = [Booking.from_record(r) for r in store.booking_records()]
+    for uuid in claim.uuids:
+        b = blocking(bookings, uuid, claim.user, claim.since, claim.expires)
+        if b is not None:
+            return b
+    return None
+
+
+def _remove_own(store: Store, claim: Claim) -> None:
+    for gpu_uuid in claim.uuids:
+        store.remove_gpu(gpu_uuid, claim.id)
+
+
+def _mark_bookings_used(
+    store: Store, bookings: Sequence[Booking], claim: Claim, now: float
+) -> None:
+    """The owner came: their booking is no no-show, even if they release before anyone looks."""
+    for b in my_open_bookings(bookings, claim.user, now):
+        if b.used is None and b.shares_gpus(claim.uuids):
+            store.update_booking(b.id, {"used": now})
 
 
 def release_claims(
@@ -266,8 +323,13 @@ def extend_claims(
                 f"limit is {format_duration(config.limits.max_time_s)}"
                 + (f" (you can add up to {format_duration(allowed)})" if allowed > 60 else "")
             )
+        _check_bookings_allow(snap.bookings, claim, snap.now, new_expiry)
         new = claim.with_expiry(new_expiry)
         store.rewrite(claim, new)
+        clash = _booked_meanwhile(store, new)
+        if clash is not None:  # a booking made while we extended: it stands, we give way
+            store.rewrite(new, claim)
+            raise ConflictError(blocked_message(clash, claim.indices, snap.now, new_expiry))
         store.append_event(claim_event("extend", new, store.now()))
         result.append(new)
     return result
@@ -339,94 +401,6 @@ def undrain_node(config: Config, store: Store, user: str, node: str) -> bool:
     return True
 
 
-# -- placement ----------------------------------------------------------------------------------
-
-
-def _candidate_nodes(config: Config, req: ClaimRequest) -> list[NodeConfig]:
-    if req.exact:
-        names = []
-        for node, _ in req.exact:
-            if node not in names:
-                names.append(node)
-        if len(names) > 1:
-            raise UsageError("one claim holds GPUs of one node; use one --gpu NODE:I,J")
-        return [config.node(names[0])]
-    if req.node:
-        return [config.node(req.node)]
-    return list(config.nodes)
-
-
-def _pick_free(config: Config, view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
-    reachable = [n.name for n in _candidate_nodes(config, req) if n.name not in view.unreachable]
-    if not reachable:
-        raise UnreachableError(
-            "no node could be asked about its GPUs: "
-            + "; ".join(f"{n}: {view.inventories[n].error}" for n in view.unreachable)
-        )
-    sizes = {n: len(view.gpus_of(n)) for n in reachable}
-    if req.count > max(sizes.values()):
-        where = f"{req.node} has" if req.node else "the largest node has"
-        raise NeverFitsError(
-            f"{req.count} GPUs can never fit: {where} {max(sizes.values())}",
-            hint="ask for fewer GPUs (a claim holds GPUs of one node)",
-        )
-    candidates: list[tuple[int, int, str, list[GpuRow]]] = []
-    for order, node in enumerate(reachable):
-        if node in view.drains:
-            continue
-        free = [r for r in view.gpus_of(node) if r.state in ("free", "stale") and r.uuid]
-        if len(free) >= req.count:
-            candidates.append((len(free), order, node, free))
-    if not candidates:
-        raise ConflictError(_nothing_free_message(view, req, reachable))
-    # Best fit: the node with the fewest free GPUs that still fits, so big requests keep room.
-    _, _, node, free = min(candidates, key=lambda c: (c[0], c[1]))
-    free.sort(key=lambda r: (r.state != "free", r.index))
-    return node, sorted(free[: req.count], key=lambda r: r.index or 0)
-
-
-def _pick_exact(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
-    node, indices = req.exact[0]
-    if node in view.unreachable:
-        raise UnreachableError(f"{node} cannot be reached: {view.inventories[node].error}")
-    if node in view.drains:
-        raise ConflictError(_drain_message(view, node))
-    by_index = {r.index: r for r in view.gpus_of(node)}
-    rows = []
-    for index in indices:
-        row = by_index.get(index)
-        if row is None:
-            raise NeverFitsError(f"{node} has no GPU {index} (it has {_index_list(by_index)})")
-        if row.state == "claimed" and row.claim is not None:
-            raise ConflictError(f"{node} GPU {index} is held by {row.claim.user} ({row.claim.id})")
-        if row.state == "busy-unclaimed":
-            raise ConflictError(f"{node} GPU {index} is busy: {row.reason}")
-        rows.append(row)
-    return node, rows
-
-
-def _pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
-    mine: dict[str, list[GpuRow]] = {}
-    for row in view.rows:
-        if row.gpu is None or row.state == "claimed":
-            continue
-        if any(p.user == req.user for p in row.gpu.processes):
-            mine.setdefault(row.node, []).append(row)
-    if not mine:
-        raise GpuclaimError(
-            f"no unclaimed GPU runs a process of {req.user}",
-            hint="start your job first, or claim with -n",
-        )
-    if len(mine) > 1:
-        raise UsageError(
-            "your processes use GPUs on several nodes: "
-            + ", ".join(sorted(mine))
-            + "; pick one with --node"
-        )
-    node, rows = next(iter(mine.items()))
-    return node, sorted(rows, key=lambda r: r.index or 0)
-
-
 def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) -> None:
     """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first."""
     for row in rows:
@@ -490,27 +464,3 @@ def _checked_duration(config: Config, duration_s: Optional[float]) -> float:
             f"{format_duration(config.limits.max_time_s)}"
         )
     return duration
-
-
-def _nothing_free_message(view: ClusterView, req: ClaimRequest, nodes: list[str]) -> str:
-    parts = []
-    for node in nodes:
-        if node in view.drains:
-            parts.append(f"{node} drained")
-            continue
-        rows = view.gpus_of(node)
-        free = sum(r.state in ("free", "stale") for r in rows)
-        parts.append(f"{node} {free}/{len(rows)} free")
-    want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
-    return f"no node has {want} free now ({', '.join(parts)})"
-
-
-def _drain_message(view: ClusterView, node: str) -> str:
-    info = view.drains[node]
-    reason = f": {info.get('reason')}" if info.get("reason") else ""
-    return f"{node} is drained by {info.get('user', '?')}{reason}"
-
-
-def _index_list(by_index: dict[Optional[int], GpuRow]) -> str:
-    found = sorted(i for i in by_index if i is not None)
-    return ", ".join(map(str, found)) if found else "no GPUs"

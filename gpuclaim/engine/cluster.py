@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from gpuclaim.core.booking import Booking
 from gpuclaim.core.config import Config, Limits, NodeConfig
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
+from gpuclaim.engine.reservations import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class GpuRow:
     claim: Optional[Claim] = None
     reason: str = ""  # why stale / unreachable / busy
     foreign: tuple[GpuProcess, ...] = ()  # processes that make an unclaimed GPU busy
+    booking: Optional[Booking] = None  # the open booking, else the next within a day
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
@@ -48,6 +51,7 @@ class GpuRow:
             "state": self.state,
             "reason": self.reason or None,
             "claim": _claim_dict(self.claim),
+            "reservation": self.booking.short_dict() if self.booking else None,
             "processes": [p.to_dict() for p in g.processes] if g else [],
         }
 
@@ -160,7 +164,7 @@ def build_view(
         if prober is None:
             raise TypeError("build_view: probing the nodes needs a prober (or inventories)")
         inventories = prober.probe(selected, enough)
-    snap = mark_lost_jobs(store.snapshot(), inventories)
+    snap = settle_bookings(config, store, mark_lost_jobs(store.snapshot(), inventories))
     rows: list[GpuRow] = []
     seen: set[str] = set()
     for node in selected:
@@ -170,7 +174,8 @@ def build_view(
             continue
         for gpu in inv.gpus:
             seen.add(gpu.uuid)
-            rows.append(judge_gpu(gpu, snap.claim_for(gpu.uuid), snap, config.limits))
+            row = judge_gpu(gpu, snap.claim_for(gpu.uuid), snap, config.limits)
+            rows.append(with_booking(row, snap))
     # Claims on GPUs that no probe reported (GPU removed, UUID changed): still shown.
     names = {n.name for n in selected}
     for status in snap.claims.values():
@@ -193,6 +198,17 @@ def build_view(
                 )
     rows.sort(key=lambda r: (_node_order(config, r.node), r.index if r.index is not None else -1))
     return ClusterView(rows=rows, inventories=inventories, snapshot=snap, drains=snap.drains)
+
+
+def with_booking(row: GpuRow, snap: Snapshot) -> GpuRow:
+    """A free GPU inside someone's booking window is ``reserved`` (for them alone)."""
+    booking = shown_booking(snap.bookings, row.uuid or "", snap.now) if row.uuid else None
+    if booking is None:
+        return row
+    if row.state == "free" and booking.is_open(snap.now):
+        reason = f"reserved by {booking.user} (reservation {booking.id})"
+        return dataclasses.replace(row, state="reserved", booking=booking, reason=reason)
+    return dataclasses.replace(row, booking=booking)
 
 
 def mark_lost_jobs(snap: Snapshot, inventories: dict[str, NodeInventory]) -> Snapshot:

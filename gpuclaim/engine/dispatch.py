@@ -22,6 +22,7 @@ from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, READY, WAITING, judge
 from gpuclaim.engine.launch import NodeOps, place_and_claim, start_ranks
+from gpuclaim.engine.reservations import my_open_bookings
 from gpuclaim.store import Snapshot, Store
 
 
@@ -73,6 +74,9 @@ def dispatch_queue(
         if blocked:
             continue
         allowed = _backfill_nodes(config, view, blocked_heads)
+        if allowed is not None:
+            # Its owner's open booking is theirs alone: using it delays no earlier job.
+            allowed = sorted(set(allowed) | set(_booked_room(view, job)))
         if allowed is not None and not allowed:
             blocked = True
             continue
@@ -136,6 +140,18 @@ def _backfill_nodes(config: Config, view: ClusterView, heads: list[Job]) -> Opti
         if not usable_by_a_head and not gang_head:
             allowed.append(n.name)
     return allowed
+
+
+def _booked_room(view: ClusterView, job: Job) -> list[str]:
+    """Nodes where the job's owner has an open booking big enough for the job."""
+    if job.nodes_wanted > 1:
+        return []
+    now = view.snapshot.now
+    return [
+        b.node
+        for b in my_open_bookings(view.snapshot.bookings, job.user, now)
+        if len(b.gpus) >= job.gpus_per_node and job.node in (None, b.node)
+    ]
 
 
 THROTTLED = "throttled"  # an array at its %K

@@ -14,9 +14,10 @@ from gpuclaim.core.config import Config, NodeConfig, WorkEnv, parse_storage_url
 from gpuclaim.core.errors import ConflictError, GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import Claim, Job, JobRank
-from gpuclaim.engine.claims import ClaimRequest, claim_gpus, release_claims
+from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
+from gpuclaim.engine.placement import ClaimRequest, usable_rows
 from gpuclaim.engine.sync import TreeCopier
 from gpuclaim.store import Store
 
@@ -80,8 +81,10 @@ def place_and_claim(
     prober: NodeProber,
     view: Optional[ClusterView] = None,
     allowed: Optional[Sequence[str]] = None,
+    reservation: Optional[str] = None,
 ) -> list[JobRank]:
-    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing."""
+    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing
+    (with ``reservation``, one rank inside that booking of the job's owner)."""
     duration = job.time_limit_s + CLAIM_MARGIN_S
     candidates = [n.name for n in nodes_for(config, job) if allowed is None or n.name in allowed]
     if view is None:
@@ -94,13 +97,16 @@ def place_and_claim(
             duration_s=duration,
             note=f"job {job.name}",
             job=job.id,
+            reservation=reservation,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view))
         return [_rank(0, claim)]
     # Gang: the nodes with room, fullest first (best fit), then exact GPUs on each.
+    asking = ClaimRequest(user=job.user, duration_s=duration)
+    until = view.snapshot.now + duration
     free = {
-        n: [r for r in view.gpus_of(n) if r.state in ("free", "stale") and r.uuid]
+        n: usable_rows(view, n, asking, until)
         for n in candidates
         if n not in view.unreachable and n not in view.drains
     }

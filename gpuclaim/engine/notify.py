@@ -21,6 +21,7 @@ from gpuclaim.core.config import Config, SlackConfig
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Event
 from gpuclaim.engine.cluster import ClusterView
+from gpuclaim.engine.reservations import booking_event
 from gpuclaim.store import ClaimStore, Store
 
 # Event types that become messages, and their names in ``[slack] events``.
@@ -39,6 +40,10 @@ MESSAGE_EVENTS = {
     "busy-unclaimed": "busy_unclaimed",
     "node-unreachable": "unreachable",
     "claim-idle": "idle",
+    "reserve": "reservation",
+    "reserve-cancel": "reservation",
+    "reserve-open": "reservation",
+    "reserve-noshow": "reservation",
 }
 DEFAULT_EVENTS = (
     "job_started",
@@ -49,6 +54,7 @@ DEFAULT_EVENTS = (
     "unreachable",
     "idle",
     "forced",
+    "reservation",
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -177,6 +183,8 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
         text = f"⏳ {who}, your claim on {where} ends in {extra.get('left', 'a few minutes')}"
     elif event.type == "claim-idle":
         text = f"💤 {who}, your claim on {where} looks idle: {reason}. Release it?"
+    elif event.type.startswith("reserve"):
+        text = _reservation_text(event, extra, who, where)
     elif event.type == "busy-unclaimed":
         text = f"⚠️ {where} is busy without a claim: {reason}"
     elif event.type == "node-unreachable":
@@ -184,6 +192,31 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     else:
         text = f"{_esc(event.type)}: {who} {where}"
     return {"text": _plain(text), "blocks": [_section(text)]}
+
+
+def _reservation_text(event: Event, extra: dict[str, Any], who: str, where: str) -> str:
+    window = f"{_when(event.since)} to {_when(event.expires)}"
+    rid = extra.get("reservation", "")
+    if event.type == "reserve":
+        note = f": {extra['note']}" if extra.get("note") else ""
+        return f"📅 {who} booked {where} from {window} ({rid}){note}"
+    if event.type == "reserve-cancel":
+        by = f" by {_esc(event.by)} (--force)" if event.by and event.by != event.user else ""
+        return f"🗑 {who}'s booking of {where}, {window}, was cancelled{by} ({rid})"
+    if event.type == "reserve-open":
+        return f"🔔 {who}, your booking of {where} is open until {_when(event.expires)} ({rid})"
+    return (
+        f"🕳 {who}'s booking of {where} was released: nobody claimed it within "
+        f"{extra.get('grace') or 'the grace period'} of {_when(event.since)} ({rid})"
+    )
+
+
+def _when(ts: Optional[float]) -> str:
+    """Slack shows ``<!date^...>`` in each reader's own time zone; the fallback is UTC."""
+    if ts is None:
+        return "?"
+    fallback = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+    return f"<!date^{int(ts)}^{{date_short_pretty}} {{time}}|{fallback}>"
 
 
 def _array_end_message(event: Event, extra: dict[str, Any], who: str) -> dict[str, Any]:
@@ -274,6 +307,9 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
                 reason=r.reason,
             )
         )
+    opened = {b.id: b for b in view.snapshot.bookings if b.is_open(now)}
+    for bid in store.mark_notices(scope="booking-open", keys=sorted(opened)):
+        events.append(booking_event("reserve-open", opened[bid], now))
     down = {name: view.inventories[name].error or "unreachable" for name in view.unreachable}
     for node in store.mark_notices(scope="unreachable", keys=sorted(down)):
         events.append(Event(ts=now, type="node-unreachable", user="", node=node, reason=down[node]))

@@ -33,6 +33,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "claim": ("gpuclaim.cli.claim", "claim", {}),
     "release": ("gpuclaim.cli.claim", "release", {}),
     "extend": ("gpuclaim.cli.claim", "extend", {}),
+    "reserve": (
+        "gpuclaim.cli.reserve",
+        "reserve",
+        {"short_help": "Book GPUs for a future window; list or cancel bookings."},
+    ),
     "run": (
         "gpuclaim.cli.jobs",
         "run",

@@ -91,4 +91,8 @@ def _what_matters(store: Any, node: str) -> tuple[Any, ...]:
     snap = store.snapshot()
     claims = sorted((s.claim.id, s.state) for s in snap.claims.values() if s.claim.node == node)
     damaged = sorted(f.uuid for f in snap.corrupt())
-    return (tuple(claims), tuple(damaged), tuple(store.queue_entries()))
+    # a booking's window opening (or closing) changes who may start here
+    windows = sorted(
+        (b.id, b.is_open(snap.now)) for b in getattr(snap, "bookings", ()) if b.node == node
+    )
+    return (tuple(claims), tuple(damaged), tuple(store.queue_entries()), tuple(windows))

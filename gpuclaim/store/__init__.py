@@ -6,6 +6,7 @@ Layout::
     <root>/locks/<uuid>.lock   short-lived lock taken by whoever *removes or rewrites* a claim file
     <root>/events/<host>.jsonl append-only event log, one writer host per file
     <root>/drain/<node>        node drained (no new claims), JSON with who and why
+    <root>/reservations/<id>.json  a booking of GPUs for a future window; ended/ the past ones
     <root>/jobs/<id>.json      a job's record; <id>.array an array's, <id>.ended/<i> its ended tasks
     <root>/jobs/archive/       finished job records a day old, moved in batches (.jsonl)
     <root>/tmp/ trash/ corrupt/
@@ -26,16 +27,17 @@ The contract (README, "How claims stay correct"):
 
 ``filelock`` guards only what is host-local: appends to this host's event log.
 
-One module per concern (``layout``, ``claims``, ``records``, ``archive``, ``arrays``, ``queue``,
-``usage``, ``notices``, ``drains``, ``events``, ``sweep``; files and locks in ``files`` and
-``base``), joined here into ``ClaimStore``. The interface the rest of gpuclaim uses is
-``interface.Store``, written once.
+One module per concern (``layout``, ``claims``, ``bookings``, ``records``, ``archive``,
+``arrays``, ``queue``, ``usage``, ``notices``, ``drains``, ``events``, ``sweep``; files and
+locks in ``files`` and ``base``), joined here into ``ClaimStore``. The interface the rest of
+gpuclaim uses is ``interface.Store``, written once.
 """
 
 from __future__ import annotations
 
 from gpuclaim.store.archive import JobArchivePart
 from gpuclaim.store.arrays import ArraysPart
+from gpuclaim.store.bookings import BookingsPart
 from gpuclaim.store.claims import ClaimsPart
 from gpuclaim.store.drains import DrainsPart
 from gpuclaim.store.events import EventLogPart
@@ -64,6 +66,7 @@ __all__ = [
 
 class ClaimStore(
     LayoutPart,
+    BookingsPart,
     ClaimsPart,
     SweepPart,
     JobRecordsPart,

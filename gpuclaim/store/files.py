@@ -38,6 +38,7 @@ _SUBDIRS = (
     "beats",
     "notify",
     "usage",
+    "reservations",
 )
 
 

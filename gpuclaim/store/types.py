@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuclaim.core.booking import Booking
 from gpuclaim.core.model import Claim
 
 
@@ -67,6 +68,7 @@ class Snapshot:
     drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # by node
     # job wrappers' heartbeats by claim id: {"mtime", "interval", "boot_id", "pid", "start"}
     beats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bookings: list[Booking] = field(default_factory=list)  # live ones (reserve)
 
     def claim_for(self, gpu_uuid: str) -> Optional[ClaimStatus]:
         f = self.files.get(gpu_uuid)
@@ -94,6 +96,7 @@ class Snapshot:
             ],
             "drains": self.drains,
             "beats": self.beats,
+            "bookings": [b.to_record() for b in self.bookings],
         }
 
     @classmethod
@@ -114,4 +117,5 @@ class Snapshot:
             claims={c.claim.id: c for c in claims},
             drains=dict(d.get("drains") or {}),
             beats=dict(d.get("beats") or {}),
+            bookings=[Booking.from_record(b) for b in d.get("bookings") or ()],
         )

@@ -1,0 +1,106 @@
+"""A booking (``gpuclaim reserve``): GPUs of one node held for one user over a future window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from gpuclaim.core.model import ClaimedGpu, iso
+
+
+@dataclass(frozen=True)
+class Booking:
+    """``user`` has ``gpus`` of ``node`` from ``start`` to ``end`` (epoch seconds, storage
+    clock). ``used`` is when the owner was first seen holding them in the window."""
+
+    id: str
+    user: str
+    node: str
+    gpus: tuple[ClaimedGpu, ...]
+    start: float
+    end: float
+    note: str = ""
+    created: float = 0.0
+    host: str = ""
+    used: Optional[float] = None
+
+    @property
+    def indices(self) -> list[int]:
+        return sorted(g.index for g in self.gpus)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.uuid for g in self.gpus]
+
+    @property
+    def gpu_hours(self) -> float:
+        return len(self.gpus) * (self.end - self.start) / 3600.0
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Half-open windows: one ending at 10:00 and one starting at 10:00 do not overlap."""
+        return self.start < end and start < self.end
+
+    def is_open(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+    def shares_gpus(self, uuids: Any) -> bool:
+        return bool(set(self.uuids) & set(uuids))
+
+    def marked_used(self, ts: float) -> Booking:
+        return replace(self, used=ts)
+
+    def to_record(self) -> dict[str, Any]:
+        """The file on the storage: epoch seconds, exact."""
+        return {
+            "id": self.id,
+            "user": self.user,
+            "node": self.node,
+            "gpus": [g.to_dict() for g in sorted(self.gpus, key=lambda g: g.index)],
+            "start": self.start,
+            "end": self.end,
+            "note": self.note,
+            "created": self.created,
+            "host": self.host,
+            "used": self.used,
+        }
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> Booking:
+        gpus = tuple(ClaimedGpu(str(g["uuid"]), int(g["index"])) for g in d["gpus"])
+        if not gpus:
+            raise ValueError("a booking without GPUs")
+        start, end = float(d["start"]), float(d["end"])
+        if end <= start:
+            raise ValueError("a booking that ends before it starts")
+        used = d.get("used")
+        return cls(
+            id=str(d["id"]),
+            user=str(d["user"]),
+            node=str(d["node"]),
+            gpus=gpus,
+            start=start,
+            end=end,
+            note=str(d.get("note") or ""),
+            created=float(d.get("created") or 0.0),
+            host=str(d.get("host") or ""),
+            used=None if used is None else float(used),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` shape: ISO 8601 in UTC like every other time gpuclaim prints."""
+        return {
+            "id": self.id,
+            "user": self.user,
+            "node": self.node,
+            "gpus": self.indices,
+            "gpu_uuids": [g.uuid for g in sorted(self.gpus, key=lambda g: g.index)],
+            "start": iso(self.start),
+            "end": iso(self.end),
+            "note": self.note,
+            "created": iso(self.created) if self.created else None,
+            "used": iso(self.used),
+        }
+
+    def short_dict(self) -> dict[str, Any]:
+        """What a GPU row of ``status --json`` carries."""
+        return {"id": self.id, "user": self.user, "start": iso(self.start), "end": iso(self.end)}

@@ -1,0 +1,199 @@
+"""Where a claim goes: the GPUs a user may take now (free, or inside their own booking, and
+not inside anyone else's before the claim ends), best fit across nodes, or exactly the ones
+named; and why nothing fits when nothing does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from gpuclaim.core.booking import Booking
+from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.errors import (
+    ConflictError,
+    GpuclaimError,
+    NeverFitsError,
+    UnreachableError,
+    UsageError,
+)
+from gpuclaim.engine.cluster import ClusterView, GpuRow
+from gpuclaim.engine.reservations import backfill_hint, blocked_message, blocking
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    user: str
+    count: int = 1
+    node: Optional[str] = None
+    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((node, (0, 2)),) from --gpu
+    duration_s: Optional[float] = None
+    note: str = ""
+    job: Optional[str] = None
+    adopt: bool = False
+    reservation: Optional[str] = None  # claim exactly the GPUs of one's own booking
+
+
+def hold_until(row: GpuRow, req: ClaimRequest, now: float, until: float) -> float:
+    """A claim inside one's own open booking without --time ends with the booking (as a SLURM
+    job in a reservation does), so it never runs into the next one's window."""
+    b = row.booking
+    if req.duration_s is None and b is not None and b.user == req.user and b.is_open(now):
+        return min(until, b.end)
+    return until
+
+
+def usable_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) -> list[GpuRow]:
+    """The node's GPUs ``req``'s user may claim until ``until``: free (or stale), or reserved
+    for them, and not inside anyone else's booking before then. Their own booked ones first."""
+    now = view.snapshot.now
+    bookings = view.snapshot.bookings
+    rows = []
+    for r in view.gpus_of(node):
+        if not r.uuid:
+            continue
+        if r.state == "reserved":
+            if r.booking is None or r.booking.user != req.user:
+                continue
+        elif r.state not in ("free", "stale"):
+            continue
+        if blocking(bookings, r.uuid, req.user, now, hold_until(r, req, now, until)) is None:
+            rows.append(r)
+    return sorted(rows, key=lambda r: (not mine_open(r, req.user, now), r.state != "free", r.index))
+
+
+def mine_open(row: GpuRow, user: str, now: float) -> bool:
+    return row.booking is not None and row.booking.user == user and row.booking.is_open(now)
+
+
+def candidate_nodes(config: Config, req: ClaimRequest) -> list[NodeConfig]:
+    if req.exact:
+        names = []
+        for node, _ in req.exact:
+            if node not in names:
+                names.append(node)
+        if len(names) > 1:
+            raise UsageError("one claim holds GPUs of one node; use one --gpu NODE:I,J")
+        return [config.node(names[0])]
+    if req.node:
+        return [config.node(req.node)]
+    return list(config.nodes)
+
+
+def pick_free(
+    config: Config, view: ClusterView, req: ClaimRequest, duration: float
+) -> tuple[str, list[GpuRow]]:
+    reachable = [n.name for n in candidate_nodes(config, req) if n.name not in view.unreachable]
+    if not reachable:
+        raise UnreachableError(
+            "no node could be asked about its GPUs: "
+            + "; ".join(f"{n}: {view.inventories[n].error}" for n in view.unreachable)
+        )
+    sizes = {n: len(view.gpus_of(n)) for n in reachable}
+    if req.count > max(sizes.values()):
+        where = f"{req.node} has" if req.node else "the largest node has"
+        raise NeverFitsError(
+            f"{req.count} GPUs can never fit: {where} {max(sizes.values())}",
+            hint="ask for fewer GPUs (a claim holds GPUs of one node)",
+        )
+    until = view.snapshot.now + duration
+    candidates: list[tuple[bool, int, int, str, list[GpuRow]]] = []
+    for order, node in enumerate(reachable):
+        if node in view.drains:
+            continue
+        free = usable_rows(view, node, req, until)
+        if len(free) >= req.count:
+            booked = sum(mine_open(r, req.user, view.snapshot.now) for r in free)
+            candidates.append((booked < req.count, len(free), order, node, free))
+    if not candidates:
+        raise ConflictError(*_nothing_free_message(view, req, reachable, until))
+    # One's own open booking first; then best fit: the node with the fewest free GPUs that
+    # still fits, so big requests keep room.
+    _, _, _, node, free = min(candidates, key=lambda c: (c[0], c[1], c[2]))
+    return node, sorted(free[: req.count], key=lambda r: r.index or 0)
+
+
+def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[str, list[GpuRow]]:
+    node, indices = req.exact[0]
+    if node in view.unreachable:
+        raise UnreachableError(f"{node} cannot be reached: {view.inventories[node].error}")
+    if node in view.drains:
+        raise ConflictError(_drain_message(view, node))
+    by_index = {r.index: r for r in view.gpus_of(node)}
+    rows = []
+    for index in indices:
+        row = by_index.get(index)
+        if row is None:
+            raise NeverFitsError(f"{node} has no GPU {index} (it has {_index_list(by_index)})")
+        if row.state == "claimed" and row.claim is not None:
+            raise ConflictError(f"{node} GPU {index} is held by {row.claim.user} ({row.claim.id})")
+        if row.state == "busy-unclaimed":
+            raise ConflictError(f"{node} GPU {index} is busy: {row.reason}")
+        rows.append(row)
+    now = view.snapshot.now
+    for row in rows:
+        until = hold_until(row, req, now, now + duration)
+        b = blocking(view.snapshot.bookings, row.uuid or "", req.user, now, until)
+        if b is not None:
+            shared = [r.index or 0 for r in rows if r.uuid in b.uuids]
+            raise ConflictError(blocked_message(b, shared, now, until), hint=backfill_hint(b, now))
+    return node, rows
+
+
+def pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
+    mine: dict[str, list[GpuRow]] = {}
+    for row in view.rows:
+        if row.gpu is None or row.state == "claimed":
+            continue
+        if any(p.user == req.user for p in row.gpu.processes):
+            mine.setdefault(row.node, []).append(row)
+    if not mine:
+        raise GpuclaimError(
+            f"no unclaimed GPU runs a process of {req.user}",
+            hint="start your job first, or claim with -n",
+        )
+    if len(mine) > 1:
+        raise UsageError(
+            "your processes use GPUs on several nodes: "
+            + ", ".join(sorted(mine))
+            + "; pick one with --node"
+        )
+    node, rows = next(iter(mine.items()))
+    return node, sorted(rows, key=lambda r: r.index or 0)
+
+
+def _nothing_free_message(
+    view: ClusterView, req: ClaimRequest, nodes: list[str], until: float
+) -> tuple[str, Optional[str]]:
+    """Why nothing fits, and a hint: the bookings in the way say who and from when."""
+    parts = []
+    now = view.snapshot.now
+    in_way: dict[str, tuple[Booking, list[int]]] = {}
+    for node in nodes:
+        if node in view.drains:
+            parts.append(f"{node} drained")
+            continue
+        rows = view.gpus_of(node)
+        free = len(usable_rows(view, node, req, until))
+        parts.append(f"{node} {free}/{len(rows)} free")
+        for r in rows:
+            b = blocking(view.snapshot.bookings, r.uuid or "", req.user, now, until)
+            if b is not None and r.state in ("free", "stale", "reserved"):
+                in_way.setdefault(b.id, (b, []))[1].append(r.index or 0)
+    want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
+    text = f"no node has {want} free now ({', '.join(parts)})"
+    if not in_way:
+        return text, None
+    text += ": " + "; ".join(blocked_message(b, g, now, until) for b, g in in_way.values())
+    soonest = min((b for b, _ in in_way.values()), key=lambda b: b.start)
+    return text, backfill_hint(soonest, now)
+
+
+def _drain_message(view: ClusterView, node: str) -> str:
+    info = view.drains[node]
+    reason = f": {info.get('reason')}" if info.get("reason") else ""
+    return f"{node} is drained by {info.get('user', '?')}{reason}"
+
+
+def _index_list(by_index: dict[Optional[int], GpuRow]) -> str:
+    found = sorted(i for i in by_index if i is not None)
+    return ", ".join(map(str, found)) if found else "no GPUs"

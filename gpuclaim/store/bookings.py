@@ -1,0 +1,182 @@
+"""Bookings (``reserve``): one file per booking, made all or nothing under the GPUs' locks.
+
+``reservations/<id>.json`` holds a booking while it can still matter; an ended one (its window
+over, cancelled, released as a no-show) moves to ``reservations/ended/<id>.json`` with why.
+
+Two bookings of one GPU are made one at a time: each holds the locks of all its GPUs (taken in
+UUID order, so two cannot wait on each other) while it reads the bookings and publishes its own.
+A claim does not take those locks (it is a ``link``): a booking and a claim each write first and
+then read what the other wrote — the claim looks for bookings after its link, the booking for
+claims after its rename — so at least one of two racing sees the other and gives way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any, Optional
+
+from gpuclaim.core.booking import Booking
+from gpuclaim.core.errors import ConflictError
+from gpuclaim.store.claims import ClaimsPart
+from gpuclaim.store.files import (
+    _discard,
+    _encode,
+    _link_exclusive,
+    _listdir_stale_safe,
+    _mkdir_shared,
+    _read_stale_safe,
+    _unlink_quiet,
+    storage_error,
+)
+from gpuclaim.store.types import Snapshot
+
+BOOKINGS_DIR = "reservations"
+ENDED_DIR = "ended"
+
+
+class BookingsPart(ClaimsPart):
+    def snapshot(self) -> Snapshot:
+        """The claims' snapshot, with the live bookings (placement and looks need both)."""
+        snap = super().snapshot()
+        snap.bookings = [Booking.from_record(r) for r in self.booking_records()]
+        return snap
+
+    def booking_records(self) -> list[dict[str, Any]]:
+        """Every live booking's record (a damaged file is skipped: it books nothing)."""
+        directory = self._p(BOOKINGS_DIR)
+        try:
+            names = _listdir_stale_safe(directory)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise storage_error(self.root, exc, "read") from exc
+        records = []
+        for name in sorted(names):
+            if not name.endswith(".json"):
+                continue
+            record = self._read_booking(name[: -len(".json")])
+            if record is not None:
+                records.append(record)
+        return records
+
+    def _read_booking(self, booking_id: str, ended: bool = False) -> Optional[dict[str, Any]]:
+        parts = (BOOKINGS_DIR, ENDED_DIR) if ended else (BOOKINGS_DIR,)
+        try:
+            raw = _read_stale_safe(self._p(*parts, f"{booking_id}.json"))
+            record = json.loads(raw.decode("utf-8"))
+            Booking.from_record(record)  # only a booking that parses books anything
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+        return dict(record)
+
+    def book(self, record: dict[str, Any]) -> None:
+        """Publish a booking unless one of another booking or a live claim of someone else
+        overlaps it; ConflictError names what is in the way."""
+        booking = Booking.from_record(record)
+        self._ensure_bookings_dir()
+        with self._gpu_locks(booking.uuids):
+            for other in self.booking_records():
+                theirs = Booking.from_record(other)
+                if theirs.shares_gpus(booking.uuids) and theirs.overlaps(
+                    booking.start, booking.end
+                ):
+                    raise ConflictError(f"{_which(theirs, booking)} {_booked_by(theirs)}")
+            target = self._p(BOOKINGS_DIR, f"{booking.id}.json")
+            self._publish(self._stage(_encode(record)), target)
+            # Written first, read second (see the module's docstring): a claim that linked
+            # meanwhile is seen here, or sees this booking after its own link.
+            in_way = self._claims_in_the_way(booking)
+            if in_way:
+                _unlink_quiet(target)
+                raise ConflictError(in_way)
+
+    def _claims_in_the_way(self, booking: Booking) -> str:
+        snap = self.snapshot()
+        blocking = []
+        for status in snap.claims.values():
+            c = status.claim
+            if status.state != "claimed" or c.user == booking.user:
+                continue
+            if set(c.uuids) & set(booking.uuids) and c.expires > booking.start:
+                blocking.append(c)
+        if not blocking:
+            return ""
+        return "; ".join(
+            f"{c.node} GPU {','.join(map(str, sorted(set(c.indices) & set(booking.indices))))}"
+            f" is claimed by {c.user} (claim {c.id}) until after the booking starts"
+            for c in blocking
+        )
+
+    def update_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Rewrite a live booking with ``changes`` (e.g. ``used``); None if it is gone."""
+        with self.gpu_lock(f"booking-{booking_id}"):
+            record = self._read_booking(booking_id)
+            if record is None:
+                return None
+            record.update(changes)
+            self._publish(self._stage(_encode(record)), self._p(BOOKINGS_DIR, f"{booking_id}.json"))
+            return record
+
+    def end_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Move a live booking to ``ended/`` with ``changes`` (why, when). Exactly one of several
+        callers gets the record back (the one whose exclusive link made the ended file);
+        the others get None, as does a booking that is not there."""
+        with self.gpu_lock(f"booking-{booking_id}"):
+            record = self._read_booking(booking_id)
+            if record is None:
+                return None
+            record.update(changes)
+            self._ensure_bookings_dir()
+            staged = self._stage(_encode(record))
+            try:
+                won = _link_exclusive(
+                    staged, self._p(BOOKINGS_DIR, ENDED_DIR, f"{booking_id}.json")
+                )
+            except OSError as exc:
+                raise storage_error(self.root, exc) from exc
+            finally:
+                _discard(staged)
+            _unlink_quiet(self._p(BOOKINGS_DIR, f"{booking_id}.json"))
+            return record if won else None
+
+    def ended_booking_records(self) -> list[dict[str, Any]]:
+        directory = self._p(BOOKINGS_DIR, ENDED_DIR)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        records = []
+        for name in sorted(names):
+            if name.endswith(".json"):
+                record = self._read_booking(name[: -len(".json")], ended=True)
+                if record is not None:
+                    records.append(record)
+        return records
+
+    def _ensure_bookings_dir(self) -> None:
+        # Made when first needed: a store made before bookings existed has no such directory.
+        for parts in ((BOOKINGS_DIR,), (BOOKINGS_DIR, ENDED_DIR)):
+            try:
+                _mkdir_shared(self._p(*parts))
+            except OSError as exc:
+                raise storage_error(self.root, exc) from exc
+
+    @contextlib.contextmanager
+    def _gpu_locks(self, uuids: list[str]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for gpu_uuid in sorted(set(uuids)):
+                stack.enter_context(self.gpu_lock(f"book-{gpu_uuid}"))
+            yield
+
+
+def _which(theirs: Booking, mine: Booking) -> str:
+    shared = sorted(set(theirs.indices) & set(mine.indices))
+    return f"{theirs.node} GPU {','.join(map(str, shared))} is"
+
+
+def _booked_by(b: Booking) -> str:
+    # No times here: the engine words the window in the user's own time zone.
+    return f"booked by {b.user} (reservation {b.id})"
