@@ -462,3 +462,55 @@ def test_an_exported_sweep_and_its_dependant_run_on_a_real_slurm(
     assert [t["argv"] for t in tasks] == SWEEP_ARGS
     (eval_log,) = [json.loads(t) for n, t in logs.items() if "_" not in n]
     assert eval_log["start"] > max(t["end"] for t in tasks), "afterok: after the whole array"
+
+
+def test_bookings_become_reservations_a_real_slurm_accepts(
+    named_testbed, make_remote, slurm, tmp_path, monkeypatch
+):
+    """`reserve` through gpuclaim, then `export slurm`: reservations.sh makes a whole-node
+    booking a SLURM reservation (accepted by a real slurmctld, with its node, user and UTC
+    window), and writes a part-node one commented out, saying why."""
+    for alias, host in HOSTS.items():
+        named_testbed.set_gpus(alias, [{"name": n, "memory_total_mib": 81920} for n in GPUS[host]])
+    c = make_remote(named_testbed)
+    me = pwd.getpwuid(os.getuid()).pw_name  # SLURM wants a user it knows
+    whole = c.json(
+        "reserve",
+        "-n",
+        "2",
+        "--node",
+        "node01",
+        "--start",
+        "+1h",
+        "--time",
+        "2h",
+        "--note",
+        "paper deadline",
+        user=me,
+    )
+    part = c.json("reserve", "--gpu", "node02:1", "--start", "+3h", "--time", "1h", user=me)
+    export = tmp_path / "export"
+    assert c.cli("export", "slurm", "--out", str(export)).returncode == 0
+    script = (export / "reservations.sh").read_text()
+    assert f"ReservationName=gpuclaim-{whole['id']} " in script
+    assert f"\n# scontrol create reservation ReservationName=gpuclaim-{part['id']} " in script
+    assert "reservations.sh" in (export / "MIGRATION.md").read_text()
+
+    tb = slurm(export, GPUS)
+    monkeypatch.setenv("TZ", "UTC")
+    out = tb.run("bash", str(export / "reservations.sh"))
+    assert "Reservation created" in out, out
+    shown = tb.run("scontrol", "show", "reservation", "-o")
+    (line,) = [ln for ln in shown.splitlines() if ln.strip()]
+    fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+    assert fields["ReservationName"] == f"gpuclaim-{whole['id']}"
+    assert fields["Nodes"] == "gpu01" and fields["Users"] == me
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(_epoch(whole["start"])))
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(_epoch(whole["end"])))
+    assert (fields["StartTime"], fields["EndTime"]) == (start, end)
+
+
+def _epoch(value: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

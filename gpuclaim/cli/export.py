@@ -55,12 +55,18 @@ def slurm(
         skipped=tuple(skipped.items()),
         accounting=accounting.value,
     )
+    snap = st.store.snapshot()
+    reservations = se.render_reservations(snap.bookings, nodes, snap.now)
     files = {
         "slurm.conf": se.render_slurm_conf(nodes, opts),
         "gres.conf": se.render_gres_conf(nodes),
         "cgroup.conf": se.render_cgroup_conf(),
-        "MIGRATION.md": se.render_migration_md(nodes, opts),
+        "MIGRATION.md": se.render_migration_md(
+            nodes, opts, bookings=len([b for b in snap.bookings if b.end > snap.now])
+        ),
     }
+    if reservations:
+        files["reservations.sh"] = reservations
     if accounting is Accounting.slurmdbd:
         files["slurmdbd.conf"] = se.render_slurmdbd_conf(nodes, opts)
     _write(out_dir, files, private=frozenset({"slurmdbd.conf"}))

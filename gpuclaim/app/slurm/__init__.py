@@ -6,9 +6,9 @@ for itself, and one function that asks the nodes what they are made of. Everythi
 Slurm 22.05 syntax (Debian 12), proven by tests/test_slurm_real.py against a real one. The
 modules: ``gputypes`` (GPU type names), ``syntax`` (host lists and other spellings),
 ``spec`` (the shared data types and partition plan), ``inventory`` (asking the nodes),
-``conf`` (the configuration files), ``migration`` (MIGRATION.md), ``sbatch`` (past jobs as
-sbatch scripts) and ``advice`` (when SLURM pays for itself); the names callers use are
-re-exported here.
+``conf`` (the configuration files), ``migration`` (MIGRATION.md), ``reservations``
+(bookings as SLURM reservations), ``sbatch`` (past jobs as sbatch scripts) and ``advice``
+(when SLURM pays for itself); the names callers use are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from gpuclaim.app.slurm.conf import (
 from gpuclaim.app.slurm.gputypes import GPU_TYPE_PATTERNS, autodetect_type, slurm_type_name
 from gpuclaim.app.slurm.inventory import gather_inventory, node_spec, ssh_address
 from gpuclaim.app.slurm.migration import HISTORY, render_migration_md
+from gpuclaim.app.slurm.reservations import render_reservations, scontrol_line
 from gpuclaim.app.slurm.sbatch import (
     RDZV_PORT_BASE,
     job_gpu_type,
@@ -87,10 +88,12 @@ __all__ = [
     "render_cgroup_conf",
     "render_gres_conf",
     "render_migration_md",
+    "render_reservations",
     "render_sbatch",
     "render_slurm_conf",
     "render_slurmdbd_conf",
     "sbatch_quote",
+    "scontrol_line",
     "slurm_advice",
     "slurm_type_name",
     "ssh_address",

@@ -27,7 +27,7 @@ HISTORY = {
 }
 
 
-def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
+def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions, bookings: int = 0) -> str:
     """A short guide from gpuclaim's commands to SLURM's, for people who never used SLURM,
     and the administrator's steps, in an order where gpuclaim and SLURM never hand out the
     same GPU: gpuclaim is drained and its jobs have ended before any slurmd starts."""
@@ -75,6 +75,11 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         ("`gpuclaim history`", f"`{HISTORY[accounting]}`", history_note),
         ("`--time 8h`", "`--time=8:00:00`", limits),
         ("`run --queue`, `--wait`", "every job queues", "`squeue --start` says when yours starts"),
+        (
+            "`gpuclaim reserve -n 4 --start thu 09:00 --time 8h`",
+            "the administrator's `scontrol create reservation`; then `sbatch --reservation=NAME`",
+            "users cannot reserve on their own; `scontrol show reservation` lists them",
+        ),
     )
     table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in mapping)
     types = "\n".join(
@@ -123,7 +128,7 @@ partition with `--gres=gpu:N`.
 Each script keeps the job's command exactly, its environment, directory, GPUs and time
 limit. Its output goes to `logs/JOBID.out` in the job's directory: create `logs/` there.
 
-## For the administrator: switching over
+{_bookings_paragraph(bookings)}## For the administrator: switching over
 
 gpuclaim stops handing out GPUs first, and no slurmd starts before its last job has ended:
 the two never give out the same GPU.
@@ -133,6 +138,20 @@ the two never give out the same GPU.
 If `slurmd -C` on a node prints fewer CPUs or less memory than slurm.conf says, lower the
 numbers in slurm.conf: SLURM refuses a node smaller than its configuration. AutoDetect=nvml
 needs a slurmd built with NVML (Debian 12's is not: it says so and uses the File= lines).
+"""
+
+
+def _bookings_paragraph(bookings: int) -> str:
+    if not bookings:
+        return ""
+    plural = "s are" if bookings != 1 else " is"
+    return f"""## Bookings
+
+{bookings} booking{plural} not over yet: `reservations.sh` makes each a SLURM reservation
+(`scontrol create reservation`, run by root once slurmctld is up), named `gpuclaim-ID`; its
+owner then submits with `sbatch --reservation=gpuclaim-ID`. A SLURM reservation holds whole
+nodes: a booking of some of a node's GPUs is written commented out, to decide by hand.
+
 """
 
 
