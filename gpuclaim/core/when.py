@@ -21,9 +21,8 @@ _DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _FULL_DAY_NAMES = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _WEEKDAYS = {
-    name: i for names in (_DAY_NAMES, _FULL_DAY_NAMES) for i, name in enumerate(names)
+    name.lower(): i for names in (_DAY_NAMES, _FULL_DAY_NAMES) for i, name in enumerate(names)
 }
-_WEEKDAYS = {name.lower(): i for name, i in _WEEKDAYS.items()}
 _NEAR_DAYS = {-1: "yesterday", 0: "today", 1: "tomorrow"}
 
 # "14:00", "9:05", "14:00:30", "9am", "5 pm", "5:30pm"; a bare "14" is not a time.
@@ -106,15 +105,11 @@ def _not_a_time(text: str, why: str = _EXAMPLES) -> UsageError:
 
 def _relative(text: str, rest: str) -> float:
     try:
-        return parse_duration(rest) if rest.strip() else _fail_relative(text)
+        return parse_duration(rest)  # "" too: parse_duration refuses it
     except UsageError:
         raise _not_a_time(
             text, "after + comes a duration of at most a year: e.g. +90m, +2h, +1h30m, +2d"
         ) from None
-
-
-def _fail_relative(text: str) -> float:
-    raise UsageError(f"empty duration in {text!r}")
 
 
 def _clock(text: str, value: str) -> time | None:

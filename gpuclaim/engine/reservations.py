@@ -239,7 +239,8 @@ def describe(b: Booking, now: float, gpus: Optional[Iterable[int]] = None) -> st
 def booking_phrase(b: Booking, now: float) -> str:
     """``reserved by alice today 14:00-17:00 (r-1a2b3c4d)``, in the reader's time zone."""
     same_day = time.localtime(b.start)[:3] == time.localtime(b.end)[:3]
-    ends = time.strftime("%H:%M", time.localtime(b.end)) if same_day else format_when(b.end, now)
+    ends = format_when(b.end, now)
+    ends = ends.rsplit(" ", 1)[-1] if same_day else ends  # the clock alone, seconds and all
     return f"reserved by {b.user} {format_when(b.start, now)}-{ends} ({b.id})"
 
 
