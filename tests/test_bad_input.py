@@ -28,7 +28,11 @@ def _one_line_error(proc, code: int, *needles: str) -> None:
         (["claim", "--gpu", "node01"], 2, "--gpu wants NODE:INDEX"),
         (["claim", "--gpu", "node01:x"], 2, "indices must be numbers"),
         (["claim", "--gpu", "node01:9"], 1, "node01 has no GPU 9"),
-        (["claim", "-n", "1", "--gpu", "node01:0"], 2, "use one of -n, --gpu and --adopt"),
+        (
+            ["claim", "-n", "1", "--gpu", "node01:0"],
+            2,
+            "use one of -n, --gpu, --adopt and --reservation",
+        ),
         (["claim", "--no-such-flag"], 2, "No such option"),
         (["release", "c-doesnotexist"], 1, "no claim 'c-doesnotexist'"),
         (["release"], 2, "name a claim id"),

@@ -27,17 +27,21 @@ _NEAR_DAYS = {-1: "yesterday", 0: "today", 1: "tomorrow"}
 
 # "14:00", "9:05", "14:00:30", "9am", "5 pm", "5:30pm"; a bare "14" is not a time.
 _CLOCK = re.compile(r"^(\d{1,2})(?::(\d{2})(?::(\d{2}))?)?\s*(am|pm)?$")
-# Only what datetime.fromisoformat reads alike on 3.9 and 3.11+ (3.11 reads much more).
-_ISO = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:[t ](\d{2}:\d{2}(?::\d{2})?)(z|[+-]\d{2}:\d{2})?)?$")
+# Only what datetime.fromisoformat reads alike on 3.9 and 3.11+ (3.11 reads much more);
+# fractions too, since the --json shapes (model.iso) write "...T09:00:00.000Z".
+_ISO = re.compile(
+    r"^(\d{4}-\d{2}-\d{2})(?:[t ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)(z|[+-]\d{2}:\d{2})?)?$"
+)
 
 
 def parse_when(text: str, now: float, *, after: float | None = None) -> float:
     """Epoch seconds for ``text``; raises UsageError with an example of what works.
 
-    ``now`` anchors every form. ``after`` (the start, when parsing ``--end``) only moves a bare
-    time of day: it becomes the first such time strictly after ``after``, so
-    ``--start 22:00 --end 02:00`` ends the next night. Relative forms (``+2h``) always count
-    from ``now``, and ``today``/``tomorrow``/weekday forms are dates fixed by ``now``.
+        ``now`` anchors every form. ``after`` (the start, when parsing ``--end``) only moves a bare
+        time of day: it becomes the first such time strictly after ``after``, so
+        ``--start 22:00 --end 02:00`` ends the next night. Relative forms (``+2h``) always count
+        from ``now``, ``today``/``tomorrow`` are dates fixed by ``now``, and a weekday is the next
+    one after ``now`` (or after ``after``, when given).
     """
     value = " ".join(text.strip().lower().split())
     if value == "now":
@@ -54,7 +58,9 @@ def parse_when(text: str, now: float, *, after: float | None = None) -> float:
             return _local(today, clock)
         if word == "tomorrow":
             return _local(today + timedelta(days=1), clock)
-        return _next_weekday(_WEEKDAYS[word], clock, today, now)
+        # an end's weekday is the first one after the start (fri 22:00 -> mon 09:00)
+        anchor = now if after is None else max(now, after)
+        return _next_weekday(_WEEKDAYS[word], clock, datetime.fromtimestamp(anchor).date(), anchor)
     iso = _ISO.match(value)
     if iso:
         return _iso(text, *iso.groups())
@@ -146,6 +152,9 @@ def _next_weekday(weekday: int, clock: time, today: date, now: float) -> float:
 
 
 def _iso(text: str, day: str, clock: str | None, offset: str | None) -> float:
+    if clock and "." in clock:  # 3.9/3.10 read only 3 or 6 digits of a fraction
+        whole, fraction = clock.split(".")
+        clock = f"{whole}.{fraction.ljust(6, '0')}"
     # 3.9/3.10's fromisoformat refuses "Z"; spell it as the offset it means.
     canonical = day + (f"T{clock}" if clock else "") + ("+00:00" if offset == "z" else offset or "")
     try:

@@ -81,10 +81,8 @@ def place_and_claim(
     prober: NodeProber,
     view: Optional[ClusterView] = None,
     allowed: Optional[Sequence[str]] = None,
-    reservation: Optional[str] = None,
 ) -> list[JobRank]:
-    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing
-    (with ``reservation``, one rank inside that booking of the job's owner)."""
+    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing."""
     duration = job.time_limit_s + CLAIM_MARGIN_S
     candidates = [n.name for n in nodes_for(config, job) if allowed is None or n.name in allowed]
     if view is None:
@@ -97,7 +95,6 @@ def place_and_claim(
             duration_s=duration,
             note=f"job {job.name}",
             job=job.id,
-            reservation=reservation,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view))
