@@ -340,3 +340,38 @@ def test_bad_input_is_one_clear_line_and_nothing_is_written(
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert _bookings_on_disk(c) == []
+
+
+def test_bookings_through_ssh_storage_and_a_forced_cancel_is_announced(make_testbed, make_remote):
+    """With ``storage = "ssh://..."`` every booking operation runs on the storage host through
+    its agent: the files live there, others are kept off, a forced cancel reaches Slack."""
+    tb = make_testbed(2, gpus=2)
+    root = tb.dir / "srv-store"
+    root.mkdir()
+    c = make_remote(tb, storage=f"ssh://node01{root}")
+    slack = FakeSlack()
+    try:
+        _with_slack(c, slack.url, events=["reservation"])
+        booked = c.json("reserve", "--gpu", "node02:0,1", "--start", "+1h", "--time", "1h")
+        assert [p.name for p in (root / "reservations").glob("*.json")] == [f"{booked['id']}.json"]
+        refused = c.cli("claim", "--gpu", "node02:1", "--time", "2h", user="bob")
+        assert refused.returncode == 3 and "reserved by alice" in refused.stderr, refused.stderr
+        assert c.json("claim", "-n", "2", "--time", "2h", user="bob")["node"] == "node01"
+        c.ok("reserve", "--cancel", booked["id"], "--force", user="carol")
+        slack.wait_for(f"was cancelled by carol (--force) ({booked['id']})")
+        assert not list((root / "reservations").glob("*.json"))
+        assert (root / "reservations" / "ended" / f"{booked['id']}.json").exists()
+    finally:
+        slack.close()
+
+
+def test_the_board_shows_a_booking_on_its_gpus(make_cluster):
+    c = make_cluster({"bd01": 2}, fast=True)
+    c.json("reserve", "--gpu", "bd01:1", "--start", "+2s", "--time", "1h", "--note", "x")
+    c.json("reserve", "--gpu", "bd01:0", "--start", "tomorrow 09:00", "--time", "1h", user="bob")
+    time.sleep(2.5)
+    lines = c.ok("board", "--once", "--size", "160x12", user="carol").splitlines()
+    row0 = next(ln for ln in lines if ln.lstrip().startswith("bd01"))
+    row1 = lines[lines.index(row0) + 1]
+    assert "● free" in row0 and "📅 reserved by bob tomorrow 09:00-10:00" in row0, lines
+    assert "◇ reserved" in row1 and "alice" in row1 and "📅 reserved by alice" in row1, lines
