@@ -170,6 +170,14 @@ def __getattr__(name: str) -> Any:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; every error ends here as one line on stderr and a documented exit code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while Python still imports, before the command runs
+        sys.stderr.write("gpuclaim: interrupted\n")
+        return 130
+
+
+def _main(argv: Optional[list[str]]) -> int:
     instruction = os.environ.get(COMPLETE_VAR)
     if instruction:
         from gpuclaim.cli.completion_answer import answer
