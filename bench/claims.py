@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Claims on a local store: one claim + release (the store's primitive and the whole CLI),
-and 8 racing processes on 4 GPUs: throughput, lost races, and double holders (must be 0).
+the CLI again with 100 bookings in the store, and 8 racing processes on 4 GPUs: throughput,
+lost races, and double holders (must be 0).
 
     python bench/claims.py [--seconds 10] [--workers 8]
 """
@@ -75,6 +76,19 @@ def cli_latency(repeat: int = 20) -> float:
     return statistics.median(samples)
 
 
+def book_ahead(count: int) -> None:
+    """``count`` bookings of another user, a day and more ahead: what every claim now reads."""
+    from gpuclaim.entry.main import main
+
+    os.environ["GPUCLAIM_USER"] = "other"
+    try:
+        for i in range(count):
+            window = ["--start", f"+{24 + i}h", "--time", "1h", "-q"]
+            assert main(["reserve", "--gpu", f"demo01:{i % 4}", *window]) == 0
+    finally:
+        os.environ["GPUCLAIM_USER"] = "bench"
+
+
 def _racer(root: str, seconds: float, seed: int, results: mp.Queue) -> None:
     store = ClaimStore(Path(root))
     rng = random.Random(seed)
@@ -125,12 +139,15 @@ def main() -> None:
 
         os.environ["GPUCLAIM_CONFIG"] = str(create_sandbox(base / "demo"))
         cli = cli_latency()
+        book_ahead(100)
+        cli_booked = cli_latency()
         rate, won, lost, doubles = racing(base / "s2", args.workers, args.seconds)
     print(
         json.dumps(
             {
                 "claim_release_store_ms": round(prim * 1000, 2),
                 "claim_release_cli_ms": round(cli * 1000, 1),
+                "claim_release_cli_ms_100_bookings": round(cli_booked * 1000, 1),
                 "racing_claims_per_s": round(rate, 1),
                 "racing_won": won,
                 "racing_lost_races": lost,
