@@ -375,3 +375,77 @@ def test_the_board_shows_a_booking_on_its_gpus(make_cluster):
     row1 = lines[lines.index(row0) + 1]
     assert "● free" in row0 and "📅 reserved by bob tomorrow 09:00-10:00" in row0, lines
     assert "◇ reserved" in row1 and "alice" in row1 and "📅 reserved by alice" in row1, lines
+
+
+def _job(c, name: str) -> dict:
+    return next(j for j in c.json("jobs", "--all") if j["name"] == name)
+
+
+def _until_state(c, name: str, states: tuple[str, ...], timeout: float = 40) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(c, name)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+
+
+def test_run_on_a_reservation_uses_exactly_its_gpus(make_testbed, make_remote):
+    tb = make_testbed(1, gpus=3)
+    c = make_remote(tb)
+    booked = c.json("reserve", "--gpu", "node01:1,2", "--start", "+1s", "--time", "5m")
+    probe = "import os; print('cvd=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+    c.ok(
+        "run",
+        "--reservation",
+        booked["id"],
+        "-n",
+        "1",
+        "--name",
+        "one",
+        "--",
+        "python3",
+        "-c",
+        probe,
+    )
+    one = _until_state(c, "one", ("succeeded",))
+    assert one["ranks"][0]["gpus"] == [1]
+    assert one["reservation"] == booked["id"]
+    assert "cvd=1" in c.ok("logs", "one")
+    # without -n: all of it, and it waits for the one alice holds herself right now
+    mine = c.json("claim", "--gpu", "node01:2", "--time", "6s")
+    queued = c.json(
+        "run",
+        "--reservation",
+        booked["id"],
+        "--queue",
+        "--name",
+        "both",
+        "--",
+        "python3",
+        "-c",
+        probe,
+    )
+    assert queued["state"] == "queued"
+    both = _until_state(c, "both", ("succeeded",), timeout=60)
+    assert both["ranks"][0]["gpus"] == [1, 2] and "cvd=1,2" in c.ok("logs", "both")
+    assert mine["gpus"] == [2]
+    # someone else's reservation, too many GPUs, another node: one line each
+    other = c.cli("run", "--reservation", booked["id"], "--", "true", user="bob")
+    assert other.returncode == 3 and "belongs to alice" in other.stderr
+    many = c.cli("run", "--reservation", booked["id"], "-n", "3", "--", "true")
+    assert many.returncode == 2 and "holds 2 GPU(s)" in many.stderr, many.stderr
+
+
+def test_a_queued_run_on_a_cancelled_reservation_never_runs(make_testbed, make_remote):
+    tb = make_testbed(1, gpus=1)
+    c = make_remote(tb)
+    booked = c.json("reserve", "-n", "1", "--start", "+1h", "--time", "1h")
+    c.json("claim", "-n", "1", "--time", "30m")  # the GPU is busy (alice's own claim)
+    job = c.json("run", "--reservation", booked["id"], "--queue", "--name", "late", "--", "true")
+    assert job["state"] == "queued"
+    c.ok("reserve", "--cancel", booked["id"])
+    c.ok("status")  # a look dispatches: the job finds its booking gone
+    late = _until_state(c, "late", ("cancelled",), timeout=20)
+    assert booked["id"] in late["reason"], late

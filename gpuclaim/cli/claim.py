@@ -56,7 +56,7 @@ def claim(
         raise UsageError("--node and --gpu name different nodes")
     req = ClaimRequest(
         user=st.user,
-        count=count or 1,
+        count=count or (0 if reservation else 1),
         node=node,
         exact=exact,
         duration_s=parse_duration(time) if time else None,

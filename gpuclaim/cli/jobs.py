@@ -93,6 +93,9 @@ def run(
         help="Start once NAME ended, however it ended (repeatable).",
         autocompletion=completion.complete_jobs,
     ),
+    reservation: Optional[str] = typer.Option(
+        None, "--reservation", metavar="ID", help="On your booking's GPUs (all, or -n of them)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
@@ -103,6 +106,8 @@ def run(
     if follow and as_json:
         raise UsageError("--follow prints the job's output, not JSON: use one of them")
     many = array is not None or sweep is not None
+    if many and reservation:
+        raise UsageError("--reservation is for one job: an array's tasks run wherever GPUs are")
     if many and (follow or wait):
         raise UsageError("an array's tasks start as GPUs free up: --follow/--wait one task")
     if max_running is not None and not many:
@@ -120,7 +125,7 @@ def run(
         user=st.user,
         argv=tuple(command),
         name=name,
-        count=count or project.gpus or 1,
+        count=count or (0 if reservation else project.gpus or 1),
         nodes=nodes or project.nodes or 1,
         node=node,
         time_s=parse_duration(time_) if time_ else project.time_s,
@@ -134,6 +139,7 @@ def run(
         **sync_request(sync, sync_dir, workdir, project, here),
         after=tuple(after or ()),
         after_any=tuple(after_any or ()),
+        reservation=reservation,
     )
     if many:
         from gpuclaim.cli.arrays import array_request, submit_and_report

@@ -413,6 +413,7 @@ class Job:
     synced: Optional[dict[str, Any]] = None  # ... and what copying it took (files, seconds)
     array: Optional[ArrayRef] = None  # a task of an array
     after: tuple[Dependency, ...] = ()  # it starts only once these ended (succeeded)
+    reservation: Optional[str] = None  # run --reservation: only on that booking's GPUs
 
     @property
     def session(self) -> str:
@@ -470,6 +471,7 @@ class Job:
             "from_queue": self.from_queue,
             "array": self.array.to_dict() if self.array else None,
             "after": [d.to_dict() for d in self.after],
+            "reservation": self.reservation,
         }
 
     @classmethod
@@ -509,4 +511,5 @@ class Job:
             conda=asked.get("conda") if asked is not None else None,
             array=ArrayRef.from_dict(d["array"]) if isinstance(d.get("array"), dict) else None,
             after=tuple(Dependency.from_dict(x) for x in d.get("after") or ()),
+            reservation=d.get("reservation"),
         )

@@ -29,6 +29,7 @@ from gpuclaim.engine.placement import (
     pick_adopt,
     pick_exact,
     pick_free,
+    usable_rows,
 )
 from gpuclaim.engine.reservations import (
     blocked_message,
@@ -83,14 +84,17 @@ def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
 def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProber) -> Claim:
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
     duration = _checked_duration(config, req.duration_s)
+    booked = None
     if req.reservation:
-        booking = booking_for(
+        booked = booking_for(
             settle_bookings(config, store, store.snapshot()), req.reservation, req.user
         )
-        req = dataclasses.replace(req, exact=((booking.node, tuple(booking.indices)),), node=None)
+        req = dataclasses.replace(req, node=booked.node)
     nodes = candidate_nodes(config, req)
-    fits = req.count if not (req.exact or req.adopt) else None
+    fits = req.count if not (req.exact or req.adopt or booked) else None
     view = build_view(config, store, nodes, prober=prober, fits=fits)
+    if booked is not None:
+        req = _within(view, req, booked, duration)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         if req.adopt:
@@ -137,6 +141,29 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
         store.append_event(claim_event("claim", claim, now))
         return claim
     raise ConflictError("could not claim: other claims kept winning the race; try again")
+
+
+def _within(view: ClusterView, req: ClaimRequest, booked: Booking, duration: float) -> ClaimRequest:
+    """A claim on one's booking: exactly its GPUs (all, or ``req.count`` of them) that are
+    free now; fewer free than asked is exit 3, naming who holds the others."""
+    need = req.count or len(booked.gpus)
+    rows = [
+        r
+        for r in usable_rows(view, booked.node, req, view.snapshot.now + duration)
+        if r.uuid in booked.uuids
+    ]
+    if len(rows) < need:
+        held = [
+            f"GPU {r.index} {r.state}" + (f" by {r.claim.user}" if r.claim else "")
+            for r in view.gpus_of(booked.node)
+            if r.uuid in booked.uuids and r not in rows
+        ]
+        raise ConflictError(
+            f"reservation {booked.id}: {len(rows)} of its {len(booked.gpus)} GPUs on "
+            f"{booked.node} are free now, {need} wanted ({', '.join(held)})"
+        )
+    indices = tuple(sorted(r.index or 0 for r in rows[:need]))
+    return dataclasses.replace(req, exact=((booked.node, indices),), node=None)
 
 
 def _check_bookings_allow(

@@ -71,6 +71,9 @@ def dispatch_queue(
         if verdict == BROKEN:
             cancel_queued(store, job, entry, f"never ran: {why}")
             continue
+        if job.reservation and job.reservation not in {b.id for b in view.snapshot.bookings}:
+            cancel_queued(store, job, entry, f"never ran: its reservation {job.reservation} ended")
+            continue
         if blocked:
             continue
         allowed = _backfill_nodes(config, view, blocked_heads)

@@ -40,6 +40,7 @@ from gpuclaim.engine.launch import (
     start_keepers,
     start_ranks,
 )
+from gpuclaim.engine.reservations import booking_for, settle_bookings
 from gpuclaim.engine.sync import SyncPlan, push_copies
 from gpuclaim.store import Store
 
@@ -65,6 +66,7 @@ class RunRequest:
     sync_subdir: str = ""  # ... and run in this directory of the copy (typed in below its root)
     after: tuple[str, ...] = ()  # --after NAME: start once these succeeded
     after_any: tuple[str, ...] = ()  # --after-any NAME: once these ended, however
+    reservation: Optional[str] = None  # --reservation ID: on that booking's GPUs (count 0: all)
 
 
 def new_job_id() -> str:
@@ -142,6 +144,7 @@ def job_from_request(
         venv=req.venv,
         conda=req.conda,
         synced_from=req.sync.root if req.sync else None,
+        reservation=req.reservation,
         **more,
     )
 
@@ -157,6 +160,8 @@ def submit_job(
     waits ``--after`` another). Without ``queue``, nothing free means ConflictError (exit 3)
     and no job is left behind; a name already used by a running or queued job of the user's
     is NameInUseError (exit 5)."""
+    if req.reservation:
+        req = in_booking(config, store, req)
     time_s = checked_time(config, req)
     name = checked_name(store, req)
     after = resolve_after(store, req.user, req.after, req.after_any, name)
@@ -190,6 +195,22 @@ def submit_job(
     job = job.with_(state="starting", ranks=tuple(ranks))
     store.create_job(job=job.to_dict())
     return start_ranks(config, store, job, ops)
+
+
+def in_booking(config: Config, store: Store, req: RunRequest) -> RunRequest:
+    """A run on one's booking: its node, and all its GPUs unless -n asks for fewer."""
+    snap = settle_bookings(config, store, store.snapshot())
+    booking = booking_for(snap, req.reservation or "", req.user)
+    if req.nodes > 1:
+        raise UsageError("--reservation holds GPUs of one node: it does not go with --nodes")
+    if req.node and req.node != booking.node:
+        raise UsageError(f"--node {req.node}: reservation {booking.id} is on {booking.node}")
+    count = req.count or len(booking.gpus)
+    if count > len(booking.gpus):
+        raise UsageError(
+            f"reservation {booking.id} holds {len(booking.gpus)} GPU(s): -n {count} is more"
+        )
+    return replace(req, node=booking.node, count=count)
 
 
 def _with_copies(

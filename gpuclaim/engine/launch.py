@@ -95,6 +95,7 @@ def place_and_claim(
             duration_s=duration,
             note=f"job {job.name}",
             job=job.id,
+            reservation=job.reservation,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view))

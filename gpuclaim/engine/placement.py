@@ -23,7 +23,7 @@ from gpuclaim.engine.reservations import backfill_hint, blocked_message, blockin
 @dataclass(frozen=True)
 class ClaimRequest:
     user: str
-    count: int = 1
+    count: int = 1  # with ``reservation``, 0: all of the booking's GPUs
     node: Optional[str] = None
     exact: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((node, (0, 2)),) from --gpu
     duration_s: Optional[float] = None
