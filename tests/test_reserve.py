@@ -449,3 +449,15 @@ def test_a_queued_run_on_a_cancelled_reservation_never_runs(make_testbed, make_r
     c.ok("status")  # a look dispatches: the job finds its booking gone
     late = _until_state(c, "late", ("cancelled",), timeout=20)
     assert booked["id"] in late["reason"], late
+
+
+def test_a_booking_on_an_unreachable_node_is_one_line_and_nothing_written(
+    make_testbed, make_remote
+):
+    tb = make_testbed(1, gpus=2)
+    c = make_remote(tb)
+    tb.stop_node("node01")
+    proc = c.cli("reserve", "--gpu", "node01:0", "--start", "+1h", "--time", "1h")
+    assert proc.returncode == 4, proc.stderr
+    assert "could be asked" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert _bookings_on_disk(c) == []

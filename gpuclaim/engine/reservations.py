@@ -84,7 +84,8 @@ def make_booking(
     req = dataclasses.replace(req, start=float(round(req.start)), end=float(round(req.end)))
     _check_window(config, req, now)
     for attempt in range(RACE_RETRIES):
-        snap = store.snapshot()
+        # settled first: a no-show not yet released (nobody looked) books nothing
+        snap = settle_bookings(config, store, store.snapshot())
         node, gpus = _pick(req, gpus_of, snap, now)
         _check_user_hours(config, snap, req)
         booking = Booking(
@@ -161,6 +162,8 @@ def _pick(
 ) -> tuple[str, list[ClaimedGpu]]:
     if req.exact:
         node, indices = req.exact[0]
+        if node not in gpus_of:
+            raise UnreachableError(f"{node} could not be asked about its GPUs")
         by_index = {g.index: g for g in gpus_of[node]}
         chosen = []
         for index in indices:
