@@ -53,7 +53,8 @@ def gc(
     for name in report.lost_jobs:
         console.print(f"Job {name}: its node or wrapper went away; recorded as lost")
     if archived:
-        console.print(f"Archived {archived} job records that ended over a day ago")
+        records = "record that" if archived == 1 else "records that"
+        console.print(f"Archived {archived} job {records} ended over a day ago")
     for u in report.corrupt:
         console.print(f"Damaged claim file for GPU {u}: moved to {st.store.root / 'corrupt'}")
     if not (report.expired or report.incomplete or report.corrupt or report.lost_jobs or archived):
