@@ -172,6 +172,14 @@ def test_claims_jobs_and_users_come_from_what_commands_saw(
     assert values(c(["history", "--user"], "")) == ["bob"]
     assert c(["claim", "--node"], "")[0] == ("plain", "alpha01", "1/2 GPUs free")
 
+    booked = sim.json("reserve", "-n", "1", "--start", "+1h", "--time", "1h", "--note", "paper")
+    offered = {v: h for _, v, h in c(["reserve", "--cancel"], "")}
+    assert offered == {booked["id"]: f"alice · {booked['node']} GPU {booked['gpus'][0]} · paper"}
+    assert values(c(["claim", "--reservation"], "r-")) == [booked["id"]]
+    assert values(c(["run", "--reservation"], "")) == [booked["id"]]
+    sim.ok("reserve", "--cancel", booked["id"])
+    assert values(c(["reserve", "--cancel"], "")) == []
+
     sim.ok("run", "--name", "train", "--", "sleep", "30")
     assert values(c(["logs"], "")) == ["train"]
     assert values(c(["kill"], "tr")) == ["train"]

@@ -30,7 +30,11 @@ def claim(
         False, "--adopt", help="Claim the GPUs your own already-running processes use."
     ),
     reservation: Optional[str] = typer.Option(
-        None, "--reservation", metavar="ID", help="Exactly the GPUs of your booking ID."
+        None,
+        "--reservation",
+        metavar="ID",
+        help="Exactly the GPUs of your booking ID.",
+        autocompletion=completion.complete_reservations,
     ),
     short: bool = typer.Option(
         False,

@@ -98,7 +98,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'help': 'Claim the GPUs your own already-running processes '
                                              'use.'},
                                     {'names': ['--reservation'],
-                                     'value': '',
+                                     'value': 'reservations',
                                      'multiple': False,
                                      'help': 'Exactly the GPUs of your booking ID.'},
                                     {'names': ['--short'],
@@ -216,7 +216,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                        'multiple': False,
                                        'help': 'With --list: ended bookings too.'},
                                       {'names': ['--cancel'],
-                                       'value': '',
+                                       'value': 'reservations',
                                        'multiple': False,
                                        'help': 'Cancel a booking (your own; --force for '
                                                "another's)."},
@@ -331,7 +331,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'multiple': True,
                                    'help': 'Start once NAME ended, however it ended (repeatable).'},
                                   {'names': ['--reservation'],
-                                   'value': '',
+                                   'value': 'reservations',
                                    'multiple': False,
                                    'help': "On your booking's GPUs (all, or -n of them)."},
                                   {'names': ['--json'],

@@ -83,6 +83,7 @@ SOURCES: dict[str, Callable[[Optional[str]], list[tuple[str, str]]]] = {
     "nodes": node_values,
     "jobs": _cached_values("jobs"),
     "claims": _cached_values("claims"),
+    "reservations": _cached_values("reservations"),
     "users": _cached_values("users"),
     "groupings": grouping_values,
 }
@@ -175,6 +176,13 @@ def claim_item(claim: Any) -> tuple[str, str]:
     return claim.id, " · ".join(x for x in (claim.user, f"{claim.node} GPU {gpus}", what) if x)
 
 
+def booking_item(booking: Any) -> tuple[str, str]:
+    """A booking as completion shows it: its id, by owner, GPUs and note."""
+    gpus = ",".join(map(str, booking.indices))
+    parts = (booking.user, f"{booking.node} GPU {gpus}", booking.note)
+    return booking.id, " · ".join(x for x in parts if x)
+
+
 def job_item(job: Mapping[str, Any]) -> tuple[str, str]:
     """A job (its ``to_dict()``) as completion shows it."""
     where = f" on {job['node']}" if job.get("node") else ""
@@ -224,5 +232,6 @@ COMPLETER_KINDS: dict[Callable[..., Any], str] = {}
 complete_nodes = _typer_completer("nodes")
 complete_jobs = _typer_completer("jobs")
 complete_claims = _typer_completer("claims")
+complete_reservations = _typer_completer("reservations")
 complete_users = _typer_completer("users")
 complete_groupings = _typer_completer("groupings")

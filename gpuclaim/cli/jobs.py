@@ -94,7 +94,11 @@ def run(
         autocompletion=completion.complete_jobs,
     ),
     reservation: Optional[str] = typer.Option(
-        None, "--reservation", metavar="ID", help="On your booking's GPUs (all, or -n of them)."
+        None,
+        "--reservation",
+        metavar="ID",
+        help="On your booking's GPUs (all, or -n of them).",
+        autocompletion=completion.complete_reservations,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     quiet: bool = quiet_option(),

@@ -36,7 +36,11 @@ def reserve(
     list_: bool = typer.Option(False, "--list", "-l", help="List the bookings."),
     all_: bool = typer.Option(False, "--all", help="With --list: ended bookings too."),
     cancel: Optional[str] = typer.Option(
-        None, "--cancel", metavar="ID", help="Cancel a booking (your own; --force for another's)."
+        None,
+        "--cancel",
+        metavar="ID",
+        help="Cancel a booking (your own; --force for another's).",
+        autocompletion=completion.complete_reservations,
     ),
     force: bool = typer.Option(False, "--force", help="Cancel another user's booking (logged)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -103,6 +107,7 @@ def _make(
     with waiting(f"asking {len(nodes)} node(s) about their GPUs", quiet):
         gpus_of = gpus_by_node(st.prober.probe(nodes), nodes)
     booking = make_booking(cfg, st.store, req, gpus_of)
+    completion.remember(cfg.path, add={"reservations": [completion.booking_item(booking)]})
     if quiet:
         return
     if as_json:
@@ -136,6 +141,8 @@ def _list(ctx: typer.Context, all_: bool, as_json: bool) -> None:
     if all_:
         rows += [(b, str(rec.get("ended_why") or "over")) for b, rec in ended_bookings(st.store)]
     rows.sort(key=lambda r: (r[0].start, r[0].node, r[0].indices))
+    live = [completion.booking_item(b) for b in snap.bookings]
+    completion.remember(st.config.path, replace={"reservations": live})
     if as_json:
         print_json([dict(b.to_dict(), state=s) for b, s in rows])
         return
@@ -181,6 +188,7 @@ def _cancel(ctx: typer.Context, booking_id: str, force: bool, as_json: bool, qui
 
     st = state(ctx)
     booking = cancel_booking(st.store, st.user, booking_id, force=force)
+    completion.remember(st.config.path, remove={"reservations": [booking.id]})
     if quiet:
         return
     if as_json:
