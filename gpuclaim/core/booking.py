@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from gpuclaim.core.model import ClaimedGpu, iso
+from gpuclaim.core.model import ClaimedGpu, HoldsGpus, iso
 
 
 @dataclass(frozen=True)
-class Booking:
+class Booking(HoldsGpus):
     """``user`` has ``gpus`` of ``node`` from ``start`` to ``end`` (epoch seconds, storage
     clock). ``used`` is when the owner was first seen holding them in the window."""
 
@@ -23,14 +23,6 @@ class Booking:
     created: float = 0.0
     host: str = ""
     used: Optional[float] = None
-
-    @property
-    def indices(self) -> list[int]:
-        return sorted(g.index for g in self.gpus)
-
-    @property
-    def uuids(self) -> list[str]:
-        return [g.uuid for g in self.gpus]
 
     @property
     def gpu_hours(self) -> float:

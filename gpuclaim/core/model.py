@@ -148,8 +148,22 @@ class ClaimedGpu:
         return {"uuid": self.uuid, "index": self.index}
 
 
+class HoldsGpus:
+    """What a claim and a booking both are: some GPUs of one node (``self.gpus``)."""
+
+    gpus: tuple[ClaimedGpu, ...]
+
+    @property
+    def indices(self) -> list[int]:
+        return sorted(g.index for g in self.gpus)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.uuid for g in self.gpus]
+
+
 @dataclass(frozen=True)
-class Claim:
+class Claim(HoldsGpus):
     """A user's hold on one or more GPUs of one node, until ``expires`` (storage clock)."""
 
     id: str
@@ -163,14 +177,6 @@ class Claim:
     host: str = ""  # where the claiming process ran
     pid: int = 0
     adopted: bool = False
-
-    @property
-    def indices(self) -> list[int]:
-        return sorted(g.index for g in self.gpus)
-
-    @property
-    def uuids(self) -> list[str]:
-        return [g.uuid for g in self.gpus]
 
     def with_expiry(self, expires: float) -> Claim:
         return replace(self, expires=expires)
