@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,17 @@ LIST = (
     "print(json.dumps({'cwd': os.getcwd(), 'files': found, "
     "'v': open('v.txt').read() if os.path.exists('v.txt') else None}))\n"
 )
-ODD = ["with space.py", "quo'te\".txt", "ünï ✓.txt", "sub dir/deep/x.cfg"]
+# rsync reads what it leaves out as patterns: wildcards and backslashes must stay literal
+ODD = [
+    "with space.py",
+    "quo'te\".txt",
+    "ünï ✓.txt",
+    "sub dir/deep/x.cfg",
+    "wild[1]*?.py",
+    "back\\slash.py",
+]
+# ignored names an unescaped pattern would not match (so they would be copied)
+ODD_IGNORED = ["odd[1]*.ckpt", "back\\sl[a]sh.ckpt", "sub dir/x*?.ckpt"]
 
 
 def _project(root: Path, git: bool = True) -> Path:
@@ -32,6 +43,8 @@ def _project(root: Path, git: bool = True) -> Path:
         (root / name).write_text(name)
     (root / ".gitignore").write_text("*.ckpt\ndata/\n")
     (root / "model.ckpt").write_text("big")
+    for name in ODD_IGNORED:
+        (root / name).write_text("ignored")
     (root / "data").mkdir()
     (root / "data" / "set.bin").write_text("data")
     (root / "sub dir" / ".gitignore").write_text("local.tmp\n")
@@ -138,6 +151,98 @@ def test_each_job_keeps_its_own_copy_and_a_change_reaches_the_next_run(c, tmp_pa
     assert a != b
     assert (a / "list.py").stat().st_ino == (b / "list.py").stat().st_ino
     assert (a / "v.txt").stat().st_ino != (b / "v.txt").stat().st_ino
+
+
+GPUCLAIM = [sys.executable, "-m", "gpuclaim"]
+LIST_SYNCED = ["--sync", "--", "python3", "list.py"]
+
+
+def _spare(c, node="node01"):
+    sync = c.testbed.node_dir(node) / "home" / ".cache" / "gpuclaim" / "sync"
+    return next(iter(sync.glob("*/.spare")), None)
+
+
+def _wait_for_spare(c, node="node01", timeout=20.0):
+    """The node links the spare for the next copy in the background, after a copy."""
+    deadline = time.monotonic() + timeout
+    while _spare(c, node) is None:
+        assert time.monotonic() < deadline, "no spare tree was built"
+        time.sleep(0.1)
+    return _spare(c, node)
+
+
+def _sync_run(c, project, name, *argv):
+    proc = c.cli("run", "--node", "node01", "--name", name, "--sync", "--", *argv, cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["git", "no-git"])
+def test_the_next_copy_starts_from_the_spare_and_holds_exactly_the_project_now(c, tmp_path, git):
+    """The spare (hard links to the last copy, built after it) is updated in place: what the
+    project no longer has is gone from it, what the last job wrote never was in it, and the
+    last job's own copy is left exactly as it was."""
+    project = _project(tmp_path / "proj", git=git)
+    writes = "open('result.txt', 'w').write('first job'); open('v.txt', 'a').write('!')"
+    _sync_run(c, project, "first", "python3", "-c", writes)
+    assert _wait(c, "first")["state"] == "succeeded"
+    assert _job(c, "first")["synced"]["incremental"] == {"node01": "none"}
+    _wait_for_spare(c)
+    (project / "with space.py").unlink()  # deleted
+    (project / "v.txt").write_text("two")  # changed
+    (project / "new dir").mkdir()
+    (project / "new dir" / "new.py").write_text("new")  # added
+    with open(project / ".gitignore", "a") as fh:
+        fh.write("sub dir/deep/\n")  # was copied, now ignored: its dir goes too
+    _sync_run(c, project, "second", "python3", "list.py")
+    listed = _listed(c, "second")
+    assert _job(c, "second")["synced"]["incremental"] == {"node01": "spare"}
+    expected = sorted({*EXPECTED, "new dir/new.py"} - {"with space.py", "sub dir/deep/x.cfg"})
+    assert listed["files"] == expected and listed["v"] == "two"
+    second = Path(listed["cwd"])
+    assert not (second / "sub dir" / "deep").exists()
+    home = c.testbed.node_dir("node01") / "home"
+    first = Path(_job(c, "first")["workdir"].replace("~", str(home), 1))
+    assert (first / "v.txt").read_text() == "one!"  # what the first job wrote, untouched
+    assert (first / "result.txt").read_text() == "first job"
+    assert (first / "with space.py").is_file() and (first / "sub dir/deep/x.cfg").is_file()
+    assert (first / "list.py").stat().st_ino == (second / "list.py").stat().st_ino
+    # and the spare after the second copy holds the second copy's files
+    spare = _wait_for_spare(c)
+    listed_spare = sorted(
+        str(p.relative_to(spare / "tree")) for p in (spare / "tree").rglob("*") if p.is_file()
+    )
+    assert listed_spare == expected
+
+
+def test_two_runs_of_one_project_at_once_each_get_a_whole_copy(c, tmp_path):
+    """Both want the one spare: one takes it, the other copies against --link-dest."""
+    project = _project(tmp_path / "proj")
+    _sync_run(c, project, "warm", "true")
+    for rounds in range(3):
+        _wait_for_spare(c)
+        (project / "v.txt").write_text(f"round {rounds}")
+        names = [f"r{rounds}a", f"r{rounds}b"]
+        procs = [
+            subprocess.Popen(
+                [*GPUCLAIM, "run", "--node", "node01", "-n", "1", "--name", n, *LIST_SYNCED],
+                cwd=project,
+                env=c.env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n in names
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        starts = sorted(_job(c, n)["synced"]["incremental"]["node01"] for n in names)
+        assert starts in (["link-dest", "spare"], ["link-dest", "link-dest"]), starts
+        assert "spare" in starts or rounds > 0  # the first round had a spare waiting
+        for n in names:
+            listed = _listed(c, n)
+            assert listed["files"] == EXPECTED and listed["v"] == f"round {rounds}"
 
 
 def test_a_gang_job_gets_the_copy_on_every_node(c, tmp_path):

@@ -48,7 +48,36 @@ def plan_sync(
             f"than {format_bytes(max_bytes)}; the biggest: {named}",
             hint="list data and checkpoints in .gitignore (shared storage is the place for them)",
         )
-    return SyncPlan(root=str(root), files=tuple(sorted(sizes)), size=total)
+    listed = sorted(sizes)
+    return SyncPlan(
+        root=str(root), files=tuple(listed), size=total, left_out=_left_out(root, listed)
+    )
+
+
+def _left_out(root: Path, files: list[str]) -> tuple[str, ...]:
+    """What is under ``root`` but not copied, as few paths as cover it: each entry of a
+    directory that holds copied files which is neither copied nor such a directory itself
+    (an ignored ``data/`` is one path, never walked). So rsync can walk the tree itself
+    with these left out, instead of reading a list of every file (2x slower)."""
+    listed = set(files)
+    holding = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+    out: list[str] = []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = list(os.scandir(root / rel_dir if rel_dir else root))
+        except OSError:
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if rel in listed:
+                continue
+            if rel in holding and entry.is_dir(follow_symlinks=False):
+                pending.append(rel)
+            else:
+                out.append(rel)
+    return tuple(sorted(out))
 
 
 def _git_files(root: Path) -> Optional[list[str]]:

@@ -54,8 +54,15 @@ class NodeOps:
     def facts(self, node: NodeConfig) -> dict[str, Any]:
         return dict(self._call(node, "node_facts"))
 
-    def sync_target(self, node: NodeConfig, key: str, job_id: str) -> dict[str, Any]:
-        return dict(self._call(node, "sync_target", key=key, job_id=job_id))
+    def sync_target(
+        self, node: NodeConfig, key: str, job_id: str, files: Sequence[str], reuse: bool
+    ) -> dict[str, Any]:
+        return dict(
+            self._call(node, "sync_target", key=key, job_id=job_id, files=files, reuse=reuse)
+        )
+
+    def sync_ready(self, node: NodeConfig, key: str, job_id: str) -> None:
+        self._call(node, "sync_ready", key=key, job_id=job_id)
 
     def prune_copies(self, node: NodeConfig, remove: list[str], known: list[str]) -> list[str]:
         return list(self._call(node, "prune_copies", remove=remove, known=known)["removed"])

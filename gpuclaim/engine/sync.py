@@ -1,7 +1,8 @@
 """``run --sync``: the project's files copied to every node of a job before it starts, one
-copy per job (editing code while a job runs never changes what it runs), made incrementally
-against the previous copy of the same project on that node (``--link-dest``: unchanged files
-are hard links, not copies).
+copy per job (editing code while a job runs never changes what it runs), made incrementally:
+rsync updates in place a spare tree that the node built after the previous copy (hard links
+to its files, see ``node.copies``), or, with no spare, fills a new directory with
+``--link-dest`` against the previous copy (unchanged files are hard links, not copies).
 
 On each node the copies live in ``~/.cache/gpuclaim/sync/<project>/<job id>``; the job runs
 there. What is copied is decided on the laptop (``app.sync_plan``); how it travels is the
@@ -28,11 +29,13 @@ SYNC_DIR = "~/.cache/gpuclaim/sync"
 @dataclass(frozen=True)
 class SyncPlan:
     """What ``--sync`` copies: ``files`` (relative POSIX paths) under ``root``, ``size``
-    bytes in all."""
+    bytes in all; ``left_out``: the paths under ``root`` that cover everything else (rsync
+    walks ``root`` without them)."""
 
     root: str
     files: tuple[str, ...]
     size: int
+    left_out: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -50,10 +53,21 @@ class TreeCopier(Protocol):
     """Copies files between this machine and a node (``remote.channels`` implements it)."""
 
     def push_tree(
-        self, node: NodeConfig, root: str, files: Sequence[str], target: dict[str, Any]
+        self,
+        node: NodeConfig,
+        root: str,
+        files: Sequence[str],
+        target: dict[str, Any],
+        left_out: Sequence[str] = (),
     ) -> str:
         """Copy ``files`` under ``root`` into ``target["dest"]`` on ``node`` (hard-linking
-        what is unchanged since ``target["link_dest"]``); how it went ("rsync", "tar")."""
+        what is unchanged since ``target["link_dest"]``); how it went ("rsync", "tar").
+        rsync walks ``root`` itself, leaving out ``left_out``."""
+        ...
+
+    def rsyncs_to(self, node: NodeConfig) -> bool:
+        """Whether ``push_tree`` can rsync to ``node`` (when the node has rsync too): only
+        then may a copy start from a spare tree (rsync updates it; tar only adds)."""
         ...
 
     def pull_tree(
@@ -78,20 +92,35 @@ def push_copies(
         raise GpuclaimError("--sync needs SSH or a local node to copy through")
     started = time.monotonic()
 
-    def one(name: str) -> str:
+    def one(name: str) -> tuple[str, str, float]:
         node = config.node(name)
-        target = ops.sync_target(node, plan.key, job_id)
-        return str(copier.push_tree(node, plan.root, plan.files, target))
+        reuse = copier.rsyncs_to(node)
+        target = ops.sync_target(node, plan.key, job_id, plan.files if reuse else None, reuse)
+        how = str(copier.push_tree(node, plan.root, plan.files, target, plan.left_out))
+        copied = time.monotonic()
+        if target.get("pending"):
+            try:  # the node links the next copy's spare tree, after this one is whole
+                ops.sync_ready(node, plan.key, job_id)
+            except GpuclaimError:
+                pass  # the next copy starts from scratch, as without a spare
+        start = (
+            "spare" if target.get("spare") else "link-dest" if target.get("link_dest") else "none"
+        )
+        return how, start, copied
 
     outcomes = fan_out([n.name for n in nodes], one, COPY_DEADLINE_S)
+    done: dict[str, tuple[str, str, float]] = {}
     for name, outcome in outcomes.items():
-        if not outcome.ok:
+        if not outcome.ok or outcome.value is None:
             raise GpuclaimError(f"--sync to {name} failed: {outcome.error}")
+        done[name] = outcome.value
     stats = {
         "files": len(plan.files),
         "bytes": plan.size,
-        "seconds": round(time.monotonic() - started, 3),
-        "how": {name: outcome.value for name, outcome in outcomes.items()},
+        "seconds": round(max(copied for _, _, copied in done.values()) - started, 3),
+        "how": {name: how for name, (how, _, _) in done.items()},
+        # what each node's copy started from: its spare tree, --link-dest, or nothing
+        "incremental": {name: start for name, (_, start, _) in done.items()},
     }
     return job_copy_dir(plan, job_id), stats
 

@@ -2,6 +2,7 @@
 
 - ``wrap SPEC``: the job wrapper of one rank (started inside its tmux session);
 - ``keep-queue SPEC``: the queue keeper of this node (started detached);
+- ``build-spare KEY JOB``: the spare tree for a project's next ``--sync`` (started detached);
 - ``serve-ensure VERSION IDLE``: the warm agent's socket, started if need be (``server``);
 - ``serve-and VERSION IDLE``: one request answered here, then this process becomes the warm
   agent (forked, detached) if none runs;
@@ -28,6 +29,11 @@ def main() -> int:
         from gpuclaim.node.queue_keeper import run_keeper
 
         return run_keeper(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "build-spare":
+        from gpuclaim.node.copies import build_spare
+
+        build_spare(sys.argv[2], sys.argv[3])
+        return 0
     if len(sys.argv) == 4 and sys.argv[1] in ("serve", "serve-ensure"):
         return _serve(sys.argv[1], sys.argv[2], float(sys.argv[3]))
     warm: dict[str, Any] = {}

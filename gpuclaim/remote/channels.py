@@ -57,10 +57,18 @@ class NodeChannels:
         return SshChannel(self.agent, host)
 
     # -- files to and from nodes (engine.sync.TreeCopier) ----------------------------------
+    def rsyncs_to(self, node: NodeConfig) -> bool:
+        return self._copies.rsyncs_to(node)
+
     def push_tree(
-        self, node: NodeConfig, root: str, files: Sequence[str], target: dict[str, Any]
+        self,
+        node: NodeConfig,
+        root: str,
+        files: Sequence[str],
+        target: dict[str, Any],
+        left_out: Sequence[str] = (),
     ) -> str:
-        return self._copies.push_tree(node, root, files, target)
+        return self._copies.push_tree(node, root, files, target, left_out)
 
     def pull_tree(
         self, node: NodeConfig, directory: str, paths: Sequence[str], into: str, rsync: bool
