@@ -395,7 +395,11 @@ def test_gc_removes_copies_of_jobs_ended_long_ago_and_orphans(testbed, make_remo
     assert report["sync_copies_removed"]["node01"] == 2, report
     assert not done.exists() and not orphan.exists()
     assert (busy / "list.py").is_file()  # its job still runs from it
+    assert (busy.parent / ".spare").is_dir()  # the next copy's, kept while copies are
     c.ok("kill", "busy")
+    time.sleep(1.5)
+    assert c.json("gc")["sync_copies_removed"]["node01"] == 1
+    assert not busy.parent.exists()  # the spare went with the project's last copy
 
 
 def test_a_node_without_rsync_gets_a_tar_stream_over_the_ssh_binary(

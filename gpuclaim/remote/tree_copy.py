@@ -9,7 +9,6 @@ import io
 import shlex
 import shutil
 import subprocess
-import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,6 +115,8 @@ def _rsync(args: list[str], stdin: bytes) -> None:
 
 
 def _tar(root: Path, files: Sequence[str]) -> bytes:
+    import tarfile  # only without rsync: not on every copy's path
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for rel in files:
@@ -124,6 +125,8 @@ def _tar(root: Path, files: Sequence[str]) -> bytes:
 
 
 def _untar(data: bytes, into: Path) -> None:
+    import tarfile
+
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
