@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuclaim.core.config import parse_config
-from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.durations import parse_bytes, parse_duration
 from gpuclaim.core.errors import ConfigError, UsageError
 from gpuclaim.core.identity import validate_name
 
@@ -31,6 +31,23 @@ def test_durations_parse_or_refuse_clearly(text):
         assert "\n" not in exc.message  # one line, whatever was typed (repr escapes it)
         return
     assert 0 < seconds <= 366 * 86400
+
+
+@SETTINGS
+@given(st.text() | st.from_regex(r"\A\d{1,4}(\.\d)? ?[kKmMgGtT]?(i?[bB])?\Z"))
+def test_sizes_parse_or_refuse_clearly(text):
+    try:
+        size = parse_bytes(text)
+    except UsageError as exc:
+        assert "\n" not in exc.message and "4GiB" in exc.message
+        return
+    assert size >= 0
+
+
+def test_sizes_read_as_rsync_reads_them():
+    assert parse_bytes("4G") == parse_bytes("4GiB") == parse_bytes("4 gib") == 4 << 30
+    assert parse_bytes("4GB") == 4 * 10**9 and parse_bytes("1.5M") == 3 << 19
+    assert parse_bytes("123") == parse_bytes("123B") == 123 and parse_bytes("2T") == 2 << 40
 
 
 @SETTINGS

@@ -119,6 +119,8 @@ def test_tool_gpuclaim_in_pyproject(c, tmp_path):
         ('sync = "yes"\n', "'sync' must be true or false"),
         ('venv = "a"\nconda = "b"\n', "sets both venv and conda"),
         ("gpu = 2\n", "unknown key 'gpu'"),
+        ('sync_max = "lots"\n', "'sync_max': not a size: 'lots' (use e.g. 500M, 4GiB"),
+        ("sync_max = 0\n", "'sync_max' must be more than zero"),
         ("gpus = [\n", "project file"),
     ],
 )

@@ -349,6 +349,25 @@ def test_a_huge_or_missing_sync_is_one_line_and_nothing_starts(c, tmp_path):
     assert os.listdir(project)  # the project untouched
 
 
+def test_sync_max_in_the_config_and_in_the_project_file(testbed, make_remote, tmp_path):
+    c = make_remote(testbed, extra_toml='\n[run]\nsync_max = "1K"\n')
+    project = _project(tmp_path / "proj")
+    (project / "blob.txt").write_text("x" * 3000)
+    proc = c.cli("run", "--name", "small", "--sync", "--", "true", cwd=project)
+    assert proc.returncode == 1, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert "more than 1.0 KiB; the biggest: blob.txt (2.9 KiB)" in first, first
+    assert 'sync_max = "4GiB"' in proc.stderr  # the hint says how to allow more
+    (project / "gpuclaim.toml").write_text('sync_max = "1MiB"\n')  # this project's own
+    proc = c.cli("run", "--name", "allowed", "--sync", "--", "python3", "list.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "blob.txt" in _listed(c, "allowed")["files"]
+    broken = make_remote(testbed, extra_toml='\n[run]\nsync_max = "big"\n')
+    proc = broken.cli("run", "--sync", "--", "true", cwd=project)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "'sync_max': not a size: 'big'" in proc.stderr
+
+
 def test_a_queued_sync_job_finds_its_copy_when_it_starts(c, tmp_path):
     """The laptop may be closed when a queued job starts: its copy is made at submit, on
     every node it could start on, and the node that starts it runs in it."""

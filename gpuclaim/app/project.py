@@ -8,6 +8,7 @@
     venv = ".venv"        # --venv (relative: to the job's workdir), or conda = "ml"
     sync = true           # --sync, of the project's directory (the one holding this file)
     sync_exclude = ["*.log", "wandb/"]   # on top of .gitignore, as .gitignore patterns
+    sync_max = "4GiB"     # a bigger --sync is refused (default: [run] sync_max, 1 GiB)
     env = { WANDB_MODE = "offline" }     # --env
 
 ``run``'s flags win over it; it wins over the config's ``[run]`` table.
@@ -20,10 +21,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.app.configfile import toml_module
+from gpuclaim.core.config import size_setting
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ConfigError, GpuclaimError
 
-KEYS = {"gpus", "nodes", "time", "venv", "conda", "sync", "sync_exclude", "env"}
+KEYS = {"gpus", "nodes", "time", "venv", "conda", "sync", "sync_exclude", "sync_max", "env"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class ProjectDefaults:
     conda: Optional[str] = None
     sync: bool = False
     sync_exclude: tuple[str, ...] = ()
+    sync_max: Optional[int] = None  # bytes
     env: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -108,6 +111,7 @@ def _parse(path: Path, table: dict[str, Any], prefix: str = "") -> ProjectDefaul
     exclude = table.get("sync_exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
         raise bad("sync_exclude", "a list of .gitignore patterns")
+    sync_max = size_setting(table.get("sync_max"), f"project file {path}: '{prefix}sync_max'", 0)
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise bad("env", "a table of strings")
@@ -120,5 +124,6 @@ def _parse(path: Path, table: dict[str, Any], prefix: str = "") -> ProjectDefaul
         conda=names["conda"],
         sync=sync,
         sync_exclude=tuple(exclude),
+        sync_max=sync_max or None,
         env=tuple(sorted((str(k), v) for k, v in env.items())),
     )

@@ -46,7 +46,10 @@ def plan_sync(
         raise GpuclaimError(
             f"--sync would copy {format_bytes(total)} ({len(sizes)} files) to each node, more "
             f"than {format_bytes(max_bytes)}; the biggest: {named}",
-            hint="list data and checkpoints in .gitignore (shared storage is the place for them)",
+            hint=(
+                "list data and checkpoints in .gitignore (shared storage is the place for "
+                'them), or allow more: sync_max = "4GiB" in gpuclaim.toml or the config\'s [run]'
+            ),
         )
     listed = sorted(sizes)
     return SyncPlan(

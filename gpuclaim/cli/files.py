@@ -40,23 +40,31 @@ def typed_in() -> Path:
 
 
 def sync_request(
-    sync: Optional[bool], sync_dir: Optional[str], workdir: Optional[str], project: Any, here: Path
+    sync: Optional[bool],
+    sync_dir: Optional[str],
+    workdir: Optional[str],
+    project: Any,
+    here: Path,
+    max_bytes: int,
 ) -> dict[str, Any]:
     """``RunRequest``'s sync fields: what ``--sync`` (this directory), ``--sync-dir DIR`` or
     the project file's ``sync = true`` (the project's directory, the job then running in the
-    copy of the subdirectory ``run`` was typed in) copies."""
+    copy of the subdirectory ``run`` was typed in) copies. ``max_bytes``: the config's
+    ``[run] sync_max``; a project file's ``sync_max`` wins for its own directory."""
     from gpuclaim.app.sync_plan import plan_sync
 
+    own = project.sync_max or max_bytes
     if sync_dir is not None:
         if not sync_dir.strip():
             raise UsageError("--sync-dir wants a directory, e.g. --sync-dir src")
-        return {"sync": plan_sync(Path(absolute_workdir(sync_dir) or sync_dir))}
+        return {"sync": plan_sync(Path(absolute_workdir(sync_dir) or sync_dir), max_bytes)}
     if sync:
-        exclude = project.sync_exclude if project.root == here else ()
-        return {"sync": plan_sync(here, exclude=exclude)}
+        mine = project.root == here
+        exclude = project.sync_exclude if mine else ()
+        return {"sync": plan_sync(here, own if mine else max_bytes, exclude=exclude)}
     if sync is None and project.sync and workdir is None:
         inside = here.relative_to(project.root).as_posix() if here != project.root else ""
-        plan = plan_sync(project.root, exclude=project.sync_exclude)
+        plan = plan_sync(project.root, own, exclude=project.sync_exclude)
         return {"sync": plan, "sync_subdir": inside}
     return {}
 

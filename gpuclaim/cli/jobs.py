@@ -140,7 +140,7 @@ def run(
         cwd=str(here),
         venv=named[0] or (None if named[1] else project.venv),
         conda=named[1] or (None if named[0] else project.conda),
-        **sync_request(sync, sync_dir, workdir, project, here),
+        **sync_request(sync, sync_dir, workdir, project, here, st.config.sync_max_bytes),
         after=tuple(after or ()),
         after_any=tuple(after_any or ()),
         reservation=reservation,

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from gpuclaim.core import paths
-from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.durations import parse_bytes, parse_duration
 from gpuclaim.core.errors import ConfigError, GpuclaimError
 from gpuclaim.core.identity import validate_name
 
@@ -157,6 +157,7 @@ class Config:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     run: WorkEnv = field(default_factory=WorkEnv)  # [run]: every job's defaults
     keep_copies_s: float = 7 * 86400  # [run] keep_copies: a --sync copy after its job ended
+    sync_max_bytes: int = 1 << 30  # [run] sync_max: a bigger --sync is refused
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as parsed: sent to nodes
     warnings: tuple[str, ...] = ()
     storage_default: bool = False  # no 'storage' key: this machine's own store, made on use
@@ -264,9 +265,10 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     limits = _limits(_table(raw, "defaults"))
     slack = _slack(_table(raw, "slack"))
     idle = _idle(_table(raw, "idle"))
-    _no_unknown(_table(raw, "run"), {*_WORKENV_KEYS, "keep_copies"}, "run")
+    _no_unknown(_table(raw, "run"), {*_WORKENV_KEYS, "keep_copies", "sync_max"}, "run")
     run = _workenv(_table(raw, "run"), "run")
     keep_copies = _duration(_table(raw, "run"), "keep_copies", DEFAULT_KEEP_COPIES_S)
+    sync_max = size_setting(_table(raw, "run").get("sync_max"), "'sync_max'", 1 << 30)
     remote = [n.name for n in nodes if n.transport != "local"]
     if storage_default and remote:
         # This machine's own store would be a claim pool that the nodes never see.
@@ -289,6 +291,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         idle=idle,
         run=run,
         keep_copies_s=keep_copies,
+        sync_max_bytes=sync_max,
         raw=raw,
         storage_default=storage_default,
     )
@@ -510,6 +513,21 @@ def _duration(table: dict[str, Any], key: str, default: float) -> float:
         return parse_duration(str(value)) if isinstance(value, str) else float(value) * 60
     except GpuclaimError as exc:
         raise ConfigError(f"'{key}': {exc.message}") from exc
+
+
+def size_setting(value: Any, name: str, default: int) -> int:
+    """A size in a config or project file: "4GiB" or a number of bytes, more than zero."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(f'{name} must be a size like "4GiB"')
+    try:
+        size = parse_bytes(value) if isinstance(value, str) else value
+    except GpuclaimError as exc:
+        raise ConfigError(f"{name}: {exc.message}") from exc
+    if size <= 0:
+        raise ConfigError(f'{name} must be more than zero, e.g. "4GiB"')
+    return size
 
 
 def parse_storage_url(url: str) -> tuple[str, str]:

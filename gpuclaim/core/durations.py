@@ -1,4 +1,5 @@
-"""Durations as people and SLURM write them: ``90m``, ``4h``, ``2d``, ``1h30m``, ``1-12:00:00``."""
+"""Durations as people and SLURM write them: ``90m``, ``4h``, ``2d``, ``1h30m``, ``1-12:00:00``;
+sizes as rsync reads them (``500M``, ``4GiB``, ``2GB``)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,21 @@ def format_slurm_time(seconds: float) -> str:
     hours, rest = divmod(rest, 3600)
     minutes = rest // 60
     return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes in ``text``, as rsync reads sizes: ``4G``/``4GiB`` = 4 x 1024^3, ``4GB`` = 4 x
+    1000^3, ``500M``, ``2T``, a bare number = bytes. Raises UsageError with an example."""
+    m = _SIZE.match(text)
+    if not m or m.group(3).lower() == "i" or (m.group(3).lower() == "ib" and not m.group(2)):
+        raise UsageError(f"not a size: {text!r} (use e.g. 500M, 4GiB, 2GB or 1T)")
+    number, unit, suffix = float(m.group(1)), m.group(2).lower(), m.group(3).lower()
+    power = " kmgt".index(unit) if unit else 0
+    base = 1000 if suffix == "b" else 1024
+    return int(number * base**power)
 
 
 def format_bytes(n: float) -> str:
