@@ -308,7 +308,7 @@ def _without_users(gpus: Any) -> list[Any]:
 
 def test_one_xml_query_says_what_the_two_csv_queries_say(state: Path, node: str) -> None:
     """The probe makes one ``-q -x`` call; the simulator's XML must agree with its CSV."""
-    from gpuclaim.node.probe.local import probe_nvidia_smi
+    from gpuclaim.node.probe.smi import probe_nvidia_smi
 
     job = start_job(node, "1")
     try:

@@ -74,6 +74,52 @@ def test_status_goes_through_the_warm_agent_and_is_the_same(testbed, make_remote
     assert proc.returncode == 0, proc.stderr
 
 
+def _early_sessions_running() -> list[str]:
+    """This machine's ssh clients of a first contact (their command asks for the agent)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"ssh") and any(b"gpuclaim-agent-missing" in a for a in argv):
+            found.append(entry.name)
+    return found
+
+
+def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, make_remote, runtime):
+    """The first look of the day starts each node's first-contact session while the CLI
+    still starts (remote.early), and the fan-out uses those same sessions: no second
+    connection. Warm nodes get none; sessions a failing command never used are closed."""
+    c = make_remote(testbed, ssh_client="openssh")
+    first = c.cli("--debug", "status", "--json")
+    assert first.returncode == 0, first.stderr
+    assert len(json.loads(first.stdout)) == 12
+    for node in ("node01", "node02", "node03"):
+        assert f"{node}: first contact started before the command" in first.stderr
+        assert f"{node}: the early first contact answers this request" in first.stderr
+    assert "was not needed" not in first.stderr
+    masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
+    assert len(masters) == 3  # one connection per node, as without the head start
+    warm = c.cli("--debug", "status", "--json")
+    assert warm.returncode == 0 and "first contact" not in warm.stderr, warm.stderr
+    # --node: only that node gets one (the others' warm sockets gone: they would too)
+    for forwarded in (runtime / "gpuclaim-cm" / "w").glob("w-*.sock"):
+        forwarded.unlink()
+    one = c.cli("--debug", "claim", "--node", "node02", "-n", "1", "--json")
+    assert one.returncode == 0, one.stderr
+    assert "node02: first contact started" in one.stderr
+    assert "node01: first contact" not in one.stderr and "node03: first" not in one.stderr
+    # a command that fails before it looks: what it started is closed, nothing is left
+    bad = c.cli("--debug", "claim", "-n", "1", "--time", "soon")
+    assert bad.returncode == 2, bad.stderr
+    assert "node01: first contact started before the command" in bad.stderr
+    assert "an early first contact was not needed: closed" in bad.stderr
+    assert _early_sessions_running() == []
+    # and the nodes are as reachable as before
+    assert {r["state"] for r in c.json("status") if r["node"] != "node02"} == {"free"}
+
+
 def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, runtime):
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
     c.json("status")

@@ -99,16 +99,37 @@ def toml_module() -> Any:
     return tomli
 
 
-def load_config(path: Optional[Path] = None) -> Config:
-    """The config at ``path`` (default: ``$GPUCLAIM_CONFIG`` or the user's), or local mode."""
+# A config read early (entry: the first call's SSH sessions) and handed to the next load of
+# the same unchanged file in this process, so that a call parses it once.
+_HANDED: dict[str, tuple[tuple[int, int, int], Config]] = {}
+
+
+def load_config(path: Optional[Path] = None, hand_over: bool = False) -> Config:
+    """The config at ``path`` (default: ``$GPUCLAIM_CONFIG`` or the user's), or local mode.
+    With ``hand_over``, the next call for the same unchanged file returns the same one."""
     explicit = path is not None or bool(os.environ.get("GPUCLAIM_CONFIG"))
     cfg_path = path or paths.config_path()
-    if not cfg_path.exists():
+    try:
+        st = cfg_path.stat()
+    except OSError:
+        st = None
+    if st is None:
         if explicit:
             raise ConfigError(
                 f"config file {cfg_path} does not exist", hint="run 'gpuclaim init' to write one"
             )
         return local_config()
+    key = (st.st_mtime_ns, st.st_size, st.st_ino)
+    held = _HANDED.pop(str(cfg_path), None)
+    if held is not None and held[0] == key:
+        return held[1]
+    config = _read_config(cfg_path, st.st_mode)
+    if hand_over:
+        _HANDED[str(cfg_path)] = (key, config)
+    return config
+
+
+def _read_config(cfg_path: Path, mode: int) -> Config:
     toml = toml_module()
     try:
         raw = toml.loads(cfg_path.read_text(encoding="utf-8"))
@@ -122,7 +143,6 @@ def load_config(path: Optional[Path] = None) -> Config:
         config = parse_config(raw, cfg_path)
     except ConfigError as exc:
         raise ConfigError(f"config {cfg_path}: {exc.message}", hint=exc.hint) from exc
-    mode = cfg_path.stat().st_mode
     if config.slack.webhook_url and mode & 0o044:
         warning = (
             f"{cfg_path} holds the Slack webhook (a secret) and others can read it: "

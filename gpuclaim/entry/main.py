@@ -189,6 +189,7 @@ def _main(argv: Optional[list[str]]) -> int:
     ours = args[: args.index("--")] if "--" in args else args  # not a job's own --debug
     debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
     _quiet_libraries(debug)
+    _first_contacts(ours)
     try:
         result = app_for(args)(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
@@ -251,6 +252,57 @@ def _quiet_libraries(debug: bool) -> None:
     logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" stderr handler
     warnings.simplefilter("ignore")
     threading.excepthook = lambda _args: None  # a library's worker thread dying: not ours
+
+
+# Commands that look at nodes first thing: on the first call of the day their SSH sessions
+# start before the command's own imports (remote.early). Which nodes: --node / --gpu's.
+_LOOKS_AT_NODES = frozenset({"status", "ls", "board", "claim", "run", "reserve", "shell"})
+
+
+def _first_contacts(args: list[str]) -> None:
+    """Start the first call's SSH sessions to the nodes this command will look at, if it
+    is one that looks and they have no warm path; never fails (the command says what is
+    wrong with the config, or anything else)."""
+    command, config, i = None, None, 0
+    while i < len(args) and command is None:
+        arg = args[i]
+        if arg == "--config" and i + 1 < len(args):
+            config, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        elif not arg.startswith("-"):
+            command = arg
+        i += 1
+    rest = args[i:]
+    if command not in _LOOKS_AT_NODES or "-h" in rest or "--help" in rest:
+        return
+    try:
+        from pathlib import Path
+
+        from gpuclaim.app.configfile import load_config
+        from gpuclaim.remote.early import start_first_contacts
+
+        loaded = load_config(Path(config) if config else None, hand_over=True)
+        asked = _named_nodes(rest)
+        start_first_contacts(loaded, asked or [n.name for n in loaded.nodes])
+    except Exception:  # only a head start: the command itself reports what is wrong
+        pass
+
+
+def _named_nodes(args: list[str]) -> list[str]:
+    """The nodes ``--node N`` and ``--gpu N:i,j`` name (empty: any node may be looked at)."""
+    named: list[str] = []
+    for i, arg in enumerate(args):
+        for flag in ("--node", "--gpu"):
+            value = None
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            if value:
+                named.append(value.split(":", 1)[0])
+    return named
 
 
 def _fail(code: int, message: str, debug: bool) -> int:

@@ -13,9 +13,6 @@ and the storage host's clock.
 
 from __future__ import annotations
 
-import platform
-import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +20,8 @@ from typing import Any, Callable
 from gpuclaim import __version__
 from gpuclaim.core.errors import GpuclaimError, error_to_wire
 
-# Each request imports only what it needs: the agent starts once per request.
+# Each request imports only what it needs: the agent starts once per request, and a first
+# look at a node pays every import (platform, shutil, subprocess: only for the ops using them).
 
 AGENT_PROTOCOL = 1
 
@@ -58,6 +56,9 @@ def _probe(request: dict[str, Any]) -> dict[str, Any]:
 
 def _doctor(request: dict[str, Any]) -> dict[str, Any]:
     """Facts about this node for ``gpuclaim doctor``; each check independent of the others."""
+    import platform
+    import shutil
+
     facts: dict[str, Any] = {
         "python": platform.python_version(),
         "agent_version": __version__,
@@ -111,6 +112,8 @@ def _storage_facts(root: Path) -> dict[str, Any]:
 
 
 def _version_of(argv: list[Any]) -> str:
+    import subprocess
+
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -46,6 +44,8 @@ def runtime_dir() -> Path:
     if base is None:
         base = Path.home() / ".cache" / "gpuclaim" / "run"
     if len(str(base)) > _MAX_SOCKET_PATH - 40:
+        import hashlib  # rare; its OpenSSL load costs a first look 3 ms
+
         home = hashlib.sha1(str(Path.home()).encode()).hexdigest()[:8]
         base = Path("/tmp") / f"gpuclaim-{os.getuid()}-{home}"  # one per home, as above
     return private_dir(base, "the warm agent's socket")
@@ -176,6 +176,8 @@ def ensure(version: str, idle_s: float, entry: list[str], wait: bool = True) -> 
     if up is not None:
         return up
     path = socket_path(version)
+    import subprocess
+
     log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
     try:
         subprocess.Popen(

@@ -9,6 +9,7 @@ Include and everything else are ssh's own handling of your ssh config.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import selectors
 import shutil
@@ -25,6 +26,7 @@ from gpuclaim.remote.ssh import CommandResult
 from gpuclaim.remote.ssh_messages import describe_ssh_failure
 
 PERSIST = "10m"
+log = logging.getLogger(__name__)
 
 
 def control_dir() -> Path:
@@ -96,7 +98,7 @@ class OpenSshPool:
         of its output; ``then(that line)`` says what else to send (None: nothing). The rest
         goes as with ``run``. One SSH session for a request that may need a second part."""
         deadline = time.monotonic() + timeout
-        proc = subprocess.Popen(
+        proc = _take_early(alias, command) or subprocess.Popen(
             [*self.base, "--", alias, command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -127,6 +129,28 @@ class OpenSshPool:
 
     def close(self) -> None:
         """Masters outlive us on purpose (ControlPersist): the next call reuses them."""
+
+
+# Sessions started before the CLI finished starting (``remote.early``), by (alias, command):
+# ``converse`` takes its session from here when one waits. One process, so a plain dict.
+_EARLY: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+
+
+def register_early(alias: str, command: str, proc: subprocess.Popen[bytes]) -> None:
+    _EARLY[(alias, command)] = proc
+
+
+def _take_early(alias: str, command: str) -> Optional[subprocess.Popen[bytes]]:
+    proc = _EARLY.pop((alias, command), None)
+    if proc is not None:
+        log.debug("%s: the early first contact answers this request", alias)
+    return proc
+
+
+def adopt_early(alias: Optional[str]) -> list[subprocess.Popen[bytes]]:
+    """Take the early sessions of ``alias`` (None: all of them) out of the table."""
+    keys = [k for k in _EARLY if alias is None or k[0] == alias]
+    return [proc for proc in (_EARLY.pop(k, None) for k in keys) if proc is not None]
 
 
 def _first_line(stream: IO[bytes], deadline: float) -> bytes:

@@ -33,6 +33,11 @@ OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for thi
 COLD_OPS = frozenset({"launch", "keep_queue"})
 
 
+def first_contact_arguments(version: str, idle_s: float) -> str:
+    """The one-shot agent's arguments when no warm agent answered: answer, then become one."""
+    return f"serve-and {version} {idle_s:g}"
+
+
 class _NotSent(Exception):
     """The agent never read the request: trying again is safe."""
 
@@ -76,6 +81,11 @@ class WarmAgents:
             return f"one-shot agent per request (warm agent off: {off})"
         return "warm agent through the SSH master"
 
+    def wants_first_contact(self, alias: str) -> bool:
+        """Whether a call to ``alias`` now would open a first-contact session: its warm
+        path is on, and no forwarded socket is there (``remote.early`` starts those)."""
+        return self._off_reason(alias) is None and not self.local_socket(alias).exists()
+
     def _off_reason(self, alias: str) -> Optional[str]:
         path = self._off_file(alias)
         try:
@@ -103,7 +113,7 @@ class WarmAgents:
         # No warm agent behind the socket (yet, or any more): this request goes to the
         # one-shot agent, which starts the warm one meanwhile; the next ones go warm.
         payload = json.dumps(request).encode()
-        arguments = f"serve-and {self.version} {self.idle_s:g}"
+        arguments = first_contact_arguments(self.version, self.idle_s)
         answer = self._one_shot(alias, arguments, payload, timeout)
         warm = answer.pop("warm", None) or {}
         if "socket" not in warm:

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.core.errors import ProbeError
-from gpuclaim.core.model import Gpu, GpuProcess, NodeInventory
+from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory
 from gpuclaim.node.probe.owners import process_user
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Optional
 
-from gpuclaim.core.model import Gpu, GpuProcess
+from gpuclaim.core.inventory import Gpu, GpuProcess
 
 GPU_QUERY_FIELDS = (
     "index",

@@ -1,0 +1,79 @@
+"""The GPUs as ``nvidia-smi`` reports them, for nodes where NVML does not load.
+
+Node-side code: standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Optional
+
+from gpuclaim.core.errors import ProbeError
+from gpuclaim.core.inventory import NodeInventory
+from gpuclaim.node.probe.owners import process_user
+from gpuclaim.node.probe.smi_parse import looks_like_no_driver, parse_query_xml
+
+
+def probe_nvidia_smi(
+    node: str,
+    smi: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+) -> NodeInventory:
+    """One ``nvidia-smi -q -x`` (GPUs and their processes), with a timeout: nvidia-smi can
+    hang, and each call pays the driver's start-up (seconds without persistence mode)."""
+    proc = _start_smi(smi, ["-q", "-x"], env)
+    try:
+        text = _finish_smi(proc, timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        gpus, driver = parse_query_xml(text, node)
+    except ValueError as exc:
+        raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
+    gpus = [
+        replace(g, processes=tuple(replace(p, user=process_user(p.pid)) for p in g.processes))
+        for g in gpus
+    ]
+    return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
+
+
+def _start_smi(
+    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]]
+) -> subprocess.Popen[str]:
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        return subprocess.Popen(
+            [*smi, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=full_env,
+        )
+    except OSError as exc:
+        raise ProbeError(f"cannot run {smi[0]}: {exc.strerror}") from exc
+
+
+def _finish_smi(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc is not None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
+    if proc.returncode != 0:
+        message = (stdout + stderr).strip().splitlines()
+        first = message[0] if message else f"exit status {proc.returncode}"
+        if looks_like_no_driver(stdout + stderr):
+            raise ProbeError(f"nvidia-smi cannot reach the NVIDIA driver: {first}")
+        raise ProbeError(f"nvidia-smi failed: {first}")
+    return stdout
