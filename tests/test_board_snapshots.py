@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +175,8 @@ def small_cluster(root: Path) -> Synthetic:
     claim it holds."""
     cluster = synthetic_cluster(root, 4, 4, unreachable=(4,), busy_every=6)
     inv = cluster.prober.inventories["node03"]
-    light = replace(inv.gpus[1], memory_used_mib=700, utilization_pct=96)  # under 1 GiB
-    cluster.prober.inventories["node03"] = replace(inv, gpus=(inv.gpus[0], light, *inv.gpus[2:]))
+    light = inv.gpus[1].replace(memory_used_mib=700, utilization_pct=96)  # under 1 GiB
+    cluster.prober.inventories["node03"] = inv.replace(gpus=(inv.gpus[0], light, *inv.gpus[2:]))
     _job(cluster, "node03", 1, "bob", "resnet", ran_s=1800, limit_s=4 * 3600)
     inv = cluster.prober.inventories["node01"]
     _claim(cluster.store, "node01", [(inv.gpus[0].uuid, 0), (inv.gpus[1].uuid, 1)], "alice", 40)

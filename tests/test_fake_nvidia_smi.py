@@ -301,9 +301,8 @@ def _csv_view(state: Path, node: str) -> list[Any]:
 
 
 def _without_users(gpus: Any) -> list[Any]:
-    from dataclasses import replace
 
-    return [replace(g, processes=tuple(replace(p, user=None) for p in g.processes)) for g in gpus]
+    return [g.replace(processes=tuple(p.replace(user=None) for p in g.processes)) for g in gpus]
 
 
 def test_one_xml_query_says_what_the_two_csv_queries_say(state: Path, node: str) -> None:

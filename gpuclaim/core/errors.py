@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ExitCode(enum.IntEnum):

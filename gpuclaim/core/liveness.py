@@ -11,7 +11,10 @@ Standard library only, Python 3.9: nodes judge this too.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from gpuclaim import __version__
 from gpuclaim.core.errors import GpuclaimError, error_to_wire
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 # Each request imports only what it needs: the agent starts once per request, and a first
 # look at a node pays every import (platform, shutil, subprocess: only for the ops using them).

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
 
 from gpuclaim.core.liveness import process_start, this_process
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 def node_liveness() -> Optional[dict[str, Any]]:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
 
 from gpuclaim.node.agent import handle
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def main() -> int:

@@ -27,11 +27,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.paths import private_dir
 from gpuclaim.node.agent import handle
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 START_WAIT_S = 5.0  # serve-ensure waits this long for a server it started
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux

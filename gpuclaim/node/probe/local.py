@@ -9,11 +9,13 @@ library and Python 3.9.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Optional
 
 from gpuclaim.core.errors import ProbeError
 from gpuclaim.core.inventory import NodeInventory
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Optional
 
 NO_DRIVER = "no NVIDIA driver: NVML does not load and nvidia-smi is not installed"
 
@@ -31,7 +33,7 @@ def probe_local(
     if liveness:
         from gpuclaim.node.liveness import node_liveness
 
-        inv = replace(inv, liveness=node_liveness())
+        inv = inv.replace(liveness=node_liveness())
     return inv
 
 

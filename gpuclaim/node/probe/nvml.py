@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, Optional, TypeVar
 
 from gpuclaim.core.errors import ProbeError
 from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory
 from gpuclaim.node.probe.owners import process_user
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar
+
+    T = TypeVar("T")
+
 MIB = 1024 * 1024
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 

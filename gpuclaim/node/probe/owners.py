@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pwd
 from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 def process_user(pid: int) -> Optional[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Optional
 
 from gpuclaim.core.errors import ProbeError
@@ -37,7 +36,7 @@ def probe_nvidia_smi(
     except ValueError as exc:
         raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
     gpus = [
-        replace(g, processes=tuple(replace(p, user=process_user(p.pid)) for p in g.processes))
+        g.replace(processes=tuple(p.replace(user=process_user(p.pid)) for p in g.processes))
         for g in gpus
     ]
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)

@@ -27,7 +27,6 @@ import csv
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Optional
 
 from gpuclaim.core.inventory import Gpu, GpuProcess
@@ -144,7 +143,7 @@ def attach_processes(gpus: list[Gpu], procs: list[GpuProcess]) -> list[Gpu]:
     for gpu in gpus:
         keys = ({gpu.uuid, *gpu.mig_devices} - {""}) if gpu.uuid else set()
         mine = tuple(p for p in procs if p.gpu_uuid and p.gpu_uuid in keys)
-        out.append(replace(gpu, processes=mine))
+        out.append(gpu.replace(processes=mine))
     return out
 
 
@@ -172,7 +171,7 @@ def attach_mig_devices(
 ) -> list[Gpu]:
     """Fill ``mig_devices`` from :func:`parse_list_gpus` output, matching by UUID."""
     children = {uuid: tuple(migs) for _, _, uuid, migs in listing}
-    return [replace(g, mig_devices=children.get(g.uuid, g.mig_devices)) for g in gpus]
+    return [g.replace(mig_devices=children.get(g.uuid, g.mig_devices)) for g in gpus]
 
 
 def parse_query_xml(text: str, node: str) -> tuple[list[Gpu], Optional[str]]:
