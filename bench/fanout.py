@@ -22,6 +22,7 @@ libnvidia-ml), so gpuclaim reads NVML in-process; ``--smi-only`` takes it away.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
 import shutil
@@ -199,6 +200,9 @@ def main() -> None:
         help="Nodes without NVML bindings' library: gpuclaim must run nvidia-smi too.",
     )
     args = ap.parse_args()
+    # As installed (pip byte-compiles): with PYTHONDONTWRITEBYTECODE set, every CLI start
+    # would otherwise compile each module changed since its last .pyc
+    compileall.compile_dir(str(REPO / "gpuclaim"), quiet=1)
     sizes = [int(x) for x in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
         table = {

@@ -22,6 +22,7 @@ writeback of one must not count against the other). The target ([workenv]): sync
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    compileall.compile_dir(str(REPO / "gpuclaim"), quiet=1)  # as installed (see fanout.py)
     if not shutil.which("rsync"):
         raise SystemExit("bench/sync.py needs rsync (apt-get install rsync)")
     work = Path(tempfile.mkdtemp(prefix="gcsync-"))

@@ -237,12 +237,43 @@ def test_two_runs_of_one_project_at_once_each_get_a_whole_copy(c, tmp_path):
         for proc in procs:
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
-        starts = sorted(_job(c, n)["synced"]["incremental"]["node01"] for n in names)
-        assert starts in (["link-dest", "spare"], ["link-dest", "link-dest"]), starts
-        assert "spare" in starts or rounds > 0  # the first round had a spare waiting
+        # one takes the spare; the other copies with --link-dest, or takes the spare the
+        # first one's copy left if it comes that much later
+        starts = {_job(c, n)["synced"]["incremental"]["node01"] for n in names}
+        assert starts <= {"spare", "link-dest"}, starts
         for n in names:
             listed = _listed(c, n)
             assert listed["files"] == EXPECTED and listed["v"] == f"round {rounds}"
+
+
+def test_of_two_syncs_taking_the_spare_at_once_exactly_one_gets_it(tmp_path, monkeypatch):
+    """The node side alone, six processes at the same instant: one rename wins."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from gpuclaim.node import copies
+
+    key = "proj-0123456789"
+    copy = tmp_path / ".cache" / "gpuclaim" / "sync" / key / "j-first"
+    (copy / "pkg").mkdir(parents=True)
+    (copy / "pkg" / "a.py").write_text("a")
+    copies.sync_target(key, "j-first", ["pkg/a.py"], reuse=True)  # writes its file list
+    assert copies.build_spare(key, "j-first") is not None
+    code = (
+        "import sys, json; from gpuclaim.node import copies\n"
+        "t = copies.sync_target(sys.argv[1], sys.argv[2], ['pkg/a.py'], reuse=True)\n"
+        "print(json.dumps(t))"
+    )
+    env = {**os.environ, "HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, key, f"j-{i}"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(6)
+    ]
+    targets = [json.loads(p.communicate(timeout=30)[0]) for p in procs]
+    assert sorted(t["spare"] for t in targets) == [False] * 5 + [True]
+    taker = next(t for t in targets if t["spare"])
+    assert (Path(taker["dest"]) / "pkg" / "a.py").read_text() == "a"
+    assert all(t["link_dest"] for t in targets if not t["spare"])
 
 
 def test_a_gang_job_gets_the_copy_on_every_node(c, tmp_path):

@@ -256,7 +256,9 @@ def _quiet_libraries(debug: bool) -> None:
 
 # Commands that look at nodes first thing: on the first call of the day their SSH sessions
 # start before the command's own imports (remote.early). Which nodes: --node / --gpu's.
-_LOOKS_AT_NODES = frozenset({"status", "ls", "board", "claim", "run", "reserve", "shell"})
+_LOOKS_AT_NODES = frozenset(
+    {"status", "ls", "board", "claim", "run", "reserve", "shell", "notebook"}
+)
 
 
 def _first_contacts(args: list[str]) -> None:

@@ -34,8 +34,7 @@ def sync_target(
     (rsync will update it in place) and one is there, else a new empty one with the newest
     earlier copy to hard-link against (rsync ``--link-dest``); whether this node has rsync.
     With ``files`` (what the copy will hold), they are kept for the spare built after it."""
-    if not _KEY.match(key) or not _KEY.match(job_id) or key.startswith("."):
-        raise GpuclaimError(f"bad sync name {key!r}/{job_id!r}")
+    _check_names(key, job_id)
     base = _sync_base() / key
     base.mkdir(parents=True, exist_ok=True)
     dest = base / job_id
@@ -61,6 +60,12 @@ def sync_target(
 
 SPARE = ".spare"  # the next copy, built ahead: tree/ and list
 PENDING = ".pending-"  # + job id: the file list of a copy whose spare is not built yet
+
+
+def _check_names(key: str, job_id: str) -> None:
+    """A project key and a job id as the CLI makes them: one path component, not hidden."""
+    if not _KEY.match(key) or not _KEY.match(job_id) or key.startswith("."):
+        raise GpuclaimError(f"bad sync name {key!r}/{job_id!r}")
 
 
 def _sync_base() -> Path:
@@ -128,8 +133,7 @@ def build_spare(key: str, job_id: str) -> Optional[str]:
     """Hard-link the files of ``job_id``'s copy (as its sync listed them) into the project's
     spare tree, replacing an older spare; the spare's path, or None when there was nothing
     to build (no list waiting, or another builder has it)."""
-    if not _KEY.match(key) or not _KEY.match(job_id) or key.startswith("."):
-        raise GpuclaimError(f"bad sync name {key!r}/{job_id!r}")
+    _check_names(key, job_id)
     base = _sync_base() / key
     source, work = base / job_id, base / f".building-{job_id}"
     try:
@@ -172,8 +176,7 @@ def start_spare_builder(key: str, job_id: str) -> dict[str, Any]:
     """``build_spare`` in a detached process (it outlives this request), if a list waits."""
     from gpuclaim.node.home import agent_entry
 
-    if not _KEY.match(key) or not _KEY.match(job_id) or key.startswith("."):
-        raise GpuclaimError(f"bad sync name {key!r}/{job_id!r}")
+    _check_names(key, job_id)
     if not (_sync_base() / key / f"{PENDING}{job_id}").exists():
         return {"started": False}
     subprocess.Popen(

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from gpuclaim.core.config import Config
 from gpuclaim.remote import install
-from gpuclaim.remote.openssh import OpenSshPool, adopt_early, register_early
+from gpuclaim.remote.openssh import OpenSshPool, register_early, take_all_early
 from gpuclaim.remote.session import ssh_client_of
 from gpuclaim.remote.ssh import config_for_ssh_binary
 
@@ -77,7 +77,7 @@ def _never(*_args: object) -> dict[str, object]:
 
 
 def _close_unadopted() -> None:
-    for proc in adopt_early(None):
+    for proc in take_all_early():
         log.debug("an early first contact was not needed: closed")
         proc.kill()
         proc.wait()

@@ -147,10 +147,9 @@ def _take_early(alias: str, command: str) -> Optional[subprocess.Popen[bytes]]:
     return proc
 
 
-def adopt_early(alias: Optional[str]) -> list[subprocess.Popen[bytes]]:
-    """Take the early sessions of ``alias`` (None: all of them) out of the table."""
-    keys = [k for k in _EARLY if alias is None or k[0] == alias]
-    return [proc for proc in (_EARLY.pop(k, None) for k in keys) if proc is not None]
+def take_all_early() -> list[subprocess.Popen[bytes]]:
+    """The early sessions nothing took (at exit: to be closed)."""
+    return [proc for proc in (_EARLY.pop(k, None) for k in list(_EARLY)) if proc is not None]
 
 
 def _first_line(stream: IO[bytes], deadline: float) -> bytes:
