@@ -14,6 +14,7 @@ probing the GPUs, an atomic claim, the wrapper's log and heartbeat, carrying the
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -66,6 +67,7 @@ def main() -> None:
     ap.add_argument("--client", choices=("openssh", "fabric"), default="openssh")
     ap.add_argument("--json", action="store_true", help="Print one JSON line.")
     args = ap.parse_args()
+    compileall.compile_dir(str(REPO / "gpuclaim"), quiet=1)  # as installed (see fanout.py)
     tb = Testbed.up(1, gpus=4, nvml=True)
     runtime = Path(tempfile.mkdtemp(prefix="gcj-", dir="/tmp"))  # short socket paths
     try:
