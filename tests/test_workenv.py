@@ -327,3 +327,29 @@ def test_bad_workenv_config_is_one_line(testbed, make_remote, toml, said):
     proc = c.cli("status")
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert said in proc.stderr
+
+
+def test_the_shell_environment_is_read_with_env_0_or_by_python_where_env_lacks_it(tmp_path):
+    """The wrapper's read of the shell's environment, on this machine: ``env -0`` (no second
+    Python start), and Python's JSON dump where ``env`` refuses -0 (BusyBox). Values with
+    newlines and '=' arrive intact either way."""
+    from gpuclaim.node.workenv import _shell_environment
+
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ODD": "a\nb=c", "EMPTY": ""}
+    direct = _shell_environment(dict(base), "n", False, "")
+    assert direct["ODD"] == "a\nb=c" and direct["EMPTY"] == "" and "_" not in direct
+    no_env0 = tmp_path / "bin"
+    no_env0.mkdir()
+    fake = no_env0 / "env"
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = -0 ] && { echo "env: unrecognized option" >&2; exit 125; }\n'
+    )
+    fake.chmod(0o755)
+    fallback = _shell_environment({**base, "PATH": f"{no_env0}:/usr/bin:/bin"}, "n", False, "")
+    assert fallback["ODD"] == "a\nb=c" and fallback["EMPTY"] == ""
+    # the same but PATH, and LC_CTYPE, which Python's own locale coercion (PEP 538) adds
+    # under the C locale: env -0 reads the shell's environment more exactly
+    same = {"PATH", "LC_CTYPE"}
+    assert {k: v for k, v in fallback.items() if k not in same} == {
+        k: v for k, v in direct.items() if k not in same
+    }

@@ -4,8 +4,9 @@ additions such as ``~/.local/bin`` or conda's ``condabin``, module systems, vari
 conda env activated through the node's conda/mamba/micromamba, or a Python venv.
 
 The command itself never goes through a shell: the login shell runs once, prints its
-environment (as JSON, from this same Python, after a marker so that a chatty profile cannot
-confuse it), and the wrapper starts the exact argv with that environment, as before. That keeps
+environment (``env -0``, NUL-separated, or as JSON from this same Python where ``env`` has no
+``-0``; after a marker, so that a chatty profile cannot confuse it), and the wrapper starts
+the exact argv with that environment, as before. That keeps
 the argv exact and the "cannot start 'x' (not on the PATH there)" message, and is the way
 editors pick up a login environment. Standard library only, Python 3.9.
 """
@@ -26,9 +27,12 @@ LOGIN_TIMEOUT_S = 30.0
 # Shells that take ``-l -c SCRIPT ARG0 ARGS`` with POSIX syntax. Others (fish, csh, tcsh, nu)
 # get /bin/sh -l, which reads ~/.profile.
 POSIX_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "yash", "ash", "busybox"})
-MARKER = "\0gpuclaim-env\0"
+MARKER = "\0gpuclaim-env\0"  # then the environment as JSON (Python's dump)
+MARKER_ENV0 = "\0gpuclaim-env0\0"  # then env -0's NUL-separated NAME=value entries
 _DUMP = f"import json,os,sys;sys.stdout.write({MARKER!r}+json.dumps(dict(os.environ)))"
-# $0: this Python, $1: the dump code, $2: the conda env to activate ("" for none).
+# $0: this Python, $1: the dump code, $2: the conda env to activate ("" for none). env -0
+# costs no second Python start on the node (every job start pays this); Python dumps it
+# where env lacks -0 (BusyBox).
 _SCRIPT = """\
 if [ -n "$2" ]; then
   gc_tool=
@@ -45,6 +49,8 @@ if [ -n "$2" ]; then
   "$gc_tool" activate "$2" >&2 || {
     echo "conda env '$2' cannot be activated with $gc_tool (does it exist?)" >&2; exit 4; }
 fi
+printf '\\000gpuclaim-env0\\000'
+env -0 2>/dev/null && exit 0
 exec "$0" -c "$1"
 """
 
@@ -110,20 +116,35 @@ def _shell_environment(env: dict[str, str], node: str, login: bool, conda: str) 
     except OSError as exc:
         raise GpuclaimError(f"cannot start the login shell {shell} on {node}: {exc}") from None
     out = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode != 0 or MARKER not in out:
+    if proc.returncode != 0 or (MARKER not in out and MARKER_ENV0 not in out):
         lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         why = lines[-1] if lines else f"exit status {proc.returncode}"
         if conda and proc.returncode in (3, 4):
             raise GpuclaimError(f"{why} on {node}")
         raise GpuclaimError(f"the login shell ({said}) failed on {node}: {why}")
     try:
-        found = json.loads(out.rsplit(MARKER, 1)[1])
+        found = _dumped(out)
     except ValueError as exc:
         raise GpuclaimError(
             f"the login shell's environment on {node} is unreadable: {exc}"
         ) from None
     # what the shell itself set about its own run, not the job's
     return {str(k): str(v) for k, v in found.items() if k not in _SHELL_OWN}
+
+
+def _dumped(out: str) -> dict[str, str]:
+    """The environment after the last marker: Python's JSON if it had to dump it (env has no
+    -0), else env -0's entries."""
+    if MARKER in out:
+        found = json.loads(out.rsplit(MARKER, 1)[1])
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+        return {str(k): str(v) for k, v in found.items()}
+    entries = out.rsplit(MARKER_ENV0, 1)[1].split("\0")
+    pairs = [entry.partition("=") for entry in entries if entry]
+    if any(not sep for _, sep, _ in pairs):
+        raise ValueError("an entry without '='")
+    return {name: value for name, _, value in pairs}
 
 
 _SHELL_OWN = frozenset({"_", "SHLVL", "OLDPWD", "PWD"})
