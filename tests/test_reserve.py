@@ -16,6 +16,8 @@ import pytest
 from test_faults import _sshfs
 from test_slack import FakeSlack, _with_slack
 
+from gpuclaim.core.when import format_when, iso_local
+
 
 def _iso_epoch(value: str) -> float:
     import datetime as dt
@@ -368,12 +370,18 @@ def test_bookings_through_ssh_storage_and_a_forced_cancel_is_announced(make_test
 def test_the_board_shows_a_booking_on_its_gpus(make_cluster):
     c = make_cluster({"bd01": 2}, fast=True)
     c.json("reserve", "--gpu", "bd01:1", "--start", "+2s", "--time", "1h", "--note", "x")
-    c.json("reserve", "--gpu", "bd01:0", "--start", "tomorrow 09:00", "--time", "1h", user="bob")
+    # a booking later on (the board shows the next one within 24 h, whatever the time of
+    # day the test runs at), on a whole minute, in the local form the board writes
+    later = (time.time() // 60 + 5 * 60) * 60
+    start = iso_local(later)
+    c.json("reserve", "--gpu", "bd01:0", "--start", start, "--time", "1h", user="bob")
     time.sleep(2.5)
     lines = c.ok("board", "--once", "--size", "160x12", user="carol").splitlines()
     row0 = next(ln for ln in lines if ln.lstrip().startswith("bd01"))
     row1 = lines[lines.index(row0) + 1]
-    assert "● free" in row0 and "📅 reserved by bob tomorrow 09:00-10:00" in row0, lines
+    window = f"{format_when(later, time.time())}-{format_when(later + 3600, later)[-5:]}"
+    assert re.match(r"(today|tomorrow) \d\d:\d\d-\d\d:\d\d$", window), window
+    assert "● free" in row0 and f"📅 reserved by bob {window}" in row0, (window, lines)
     assert "◇ reserved" in row1 and "alice" in row1 and "📅 reserved by alice" in row1, lines
 
 
