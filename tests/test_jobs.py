@@ -276,6 +276,28 @@ def test_invalid_names_and_usage(jobs_cluster):
     c.ok("kill", "dup")
 
 
+def test_a_tmux_session_of_the_jobs_name_made_by_hand_is_exit_5_and_frees_the_gpu(
+    testbed, jobs_cluster
+):
+    c = jobs_cluster
+    made = testbed.ssh("node01", "tmux new-session -d -s gc-alice-taken sleep 60")
+    assert made.returncode == 0, made.stderr
+    try:
+        proc = c.cli("run", "--node", "node01", "--name", "taken", "--", "true")
+        assert proc.returncode == 5, proc.stderr
+        assert "a tmux session gc-alice-taken is already running" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert not [r for r in c.json("status") if r["claim"]]  # the claim went with it
+        specs = testbed.ssh("node01", "cat ~/.gpuclaim/jobs/*/rank*/spec.json 2>/dev/null")
+        assert '"taken"' not in specs.stdout  # no half-started rank left behind
+        assert (
+            "sleep"
+            in testbed.ssh("node01", "tmux list-panes -a -F '#{pane_current_command}'").stdout
+        )
+    finally:
+        testbed.ssh("node01", "tmux kill-session -t =gc-alice-taken")
+
+
 def test_gang_job_ranks_and_one_failure_stops_the_other(jobs_cluster):
     c = jobs_cluster
     script = (

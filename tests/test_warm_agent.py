@@ -70,8 +70,67 @@ def test_status_goes_through_the_warm_agent_and_is_the_same(testbed, make_remote
     c.ok("claim", "--gpu", "node02:1")
     rows = c.json("status")
     assert [(r["node"], r["index"]) for r in rows if r["claim"]] == [("node02", 1)]
-    proc = c.cli("run", "--name", "warm", "--", "echo", "hi")
+    # a job starts through it too, and gets what a job started over SSH gets: the login
+    # environment, the SSH session's variables
+    shown = 'echo "hi $CUDA_VISIBLE_DEVICES ${SSH_CONNECTION:+ssh}"'
+    proc = c.cli("--debug", "run", "--follow", "--name", "warm", "--", "sh", "-c", shown)
     assert proc.returncode == 0, proc.stderr
+    assert "through a new SSH session" not in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines() == ["hi 0 ssh"], proc.stdout
+    # the warm agent waits for what it starts detached: a queue keeper or a spare-tree
+    # builder that ended is no zombie of a process that lives on
+    c.ok("claim", "--node", "node03", "-n", "4", "--time", "3s")
+    c.ok("run", "--node", "node03", "--queue", "--name", "queued", "--", "true")  # a keeper
+    _wait_for_state(c, "queued", "succeeded")
+    _wait_until_none_runs(testbed, b"keep-queue")  # it exits once nothing waits (2 s polls)
+    assert _agents(testbed) == agents
+    assert _zombies_of([pid for pid, _ in agents]) == []
+
+
+def _wait_for_state(c: Any, name: str, state: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(j["name"] == name and j["state"] == state for j in c.json("jobs", "--all")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never {state}: {c.json('jobs', '--all')}")
+
+
+def _wait_until_none_runs(testbed: Any, word: bytes, timeout: float = 15.0) -> None:
+    """Until no process of the testbed's nodes has ``word`` among its arguments."""
+    mine = str(testbed.dir).encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = []
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if word in argv and any(a.startswith(mine) for a in argv):
+                running.append(entry.name)
+        if not running:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{word!r} still runs after {timeout}s")
+
+
+def _zombies_of(parents: list[int]) -> list[int]:
+    """The zombie children of ``parents``, waited for a moment (a reaper thread's turn)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rpartition(")")[2].split()
+            if fields[0] == "Z" and int(fields[1]) in parents:
+                found.append(int(entry.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def _early_sessions_running() -> list[str]:

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -174,19 +173,12 @@ def build_spare(key: str, job_id: str) -> Optional[str]:
 
 def start_spare_builder(key: str, job_id: str) -> dict[str, Any]:
     """``build_spare`` in a detached process (it outlives this request), if a list waits."""
-    from gpuclaim.node.home import agent_entry
+    from gpuclaim.node.home import agent_entry, spawn_detached
 
     _check_names(key, job_id)
     if not (_sync_base() / key / f"{PENDING}{job_id}").exists():
         return {"started": False}
-    subprocess.Popen(
-        [*agent_entry(), "build-spare", key, job_id],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd=str(Path.home()),
-    )
+    spawn_detached([*agent_entry(), "build-spare", key, job_id])
     return {"started": True}
 
 

@@ -3,7 +3,6 @@ wrapper in tmux, the queue keeper)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -44,6 +43,8 @@ def agent_entry() -> list[str]:
 def start_keeper(spec: dict[str, Any]) -> dict[str, Any]:
     """Start a keeper for ``spec["node"]`` detached from this session (it outlives the SSH
     command that started it); if one runs already, the new one exits at once."""
+    import hashlib  # here: every job's wrapper imports this module (openssl: ~3 ms)
+
     node = str(spec["node"])
     directory = jobs_home() / "keepers"
     directory.mkdir(parents=True, exist_ok=True)
@@ -58,14 +59,26 @@ def start_keeper(spec: dict[str, Any]) -> dict[str, Any]:
     tmp.replace(spec_path)
     log = open(directory / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
     try:
-        proc = subprocess.Popen(
-            [*agent_entry(), "keep-queue", str(spec_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,  # not killed with the SSH session that started it
-            cwd=str(Path.home()),
-        )
+        pid = spawn_detached([*agent_entry(), "keep-queue", str(spec_path)], log.fileno())
     finally:
         log.close()
-    return {"pid": proc.pid}
+    return {"pid": pid}
+
+
+def spawn_detached(argv: list[str], output: Optional[int] = None) -> int:
+    """Start ``argv`` in its own session (it outlives the SSH session or the agent that
+    started it), stdin closed, its output to the fd ``output`` (else discarded); its pid.
+    A thread waits for it: in the warm agent, which lives on, an ended child must not stay
+    a zombie (a one-shot agent exits first, and the child is the init process's to reap)."""
+    import threading
+
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if output is None else output,
+        stderr=subprocess.DEVNULL if output is None else output,
+        start_new_session=True,
+        cwd=str(Path.home()),
+    )
+    threading.Thread(target=proc.wait, daemon=True).start()
+    return proc.pid

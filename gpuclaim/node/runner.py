@@ -17,7 +17,13 @@ from typing import Any
 from gpuclaim.core.errors import GpuclaimError, NameInUseError
 from gpuclaim.node.home import agent_entry, jobs_home
 from gpuclaim.node.processes import signal_tree
-from gpuclaim.node.tmux import has_session, kill_session, new_session, pane_pids, tmux_binary
+from gpuclaim.node.tmux import (
+    SessionExistsError,
+    kill_session,
+    new_session,
+    pane_pids,
+    tmux_binary,
+)
 
 
 def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
@@ -26,8 +32,6 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     rank = int(spec["rank"])
     session = str(spec["session"])
     tmux_binary()  # no tmux: say so before writing anything
-    if has_session(session):
-        raise NameInUseError(f"a tmux session {session} is already running on this node")
     job_dir = jobs_home() / str(job["id"]) / f"rank{rank}"
     job_dir.mkdir(parents=True, exist_ok=True)
     spec_path = job_dir / "spec.json"
@@ -44,7 +48,11 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
         if note:
             log.write(f"gpuclaim: {note}\n".encode())  # what a follower sees first
     command = "exec " + " ".join(shlex.quote(a) for a in [*agent_entry(), "wrap", str(spec_path)])
-    new_session(session, command, Path.home())
+    try:
+        new_session(session, command, Path.home())
+    except SessionExistsError as exc:
+        shutil.rmtree(job_dir, ignore_errors=True)  # this rank's own files (a gang shares a home)
+        raise NameInUseError(exc.message) from None
     answer = {"session": session, "log": str(log_path), "host": socket.gethostname()}
     return dict(answer, workdir=run_dir, note=note)
 
@@ -83,7 +91,7 @@ def stop_session(session: str) -> bool:
 
 
 MAX_LOG_WAIT_S = 30.0
-LOG_POLL_S = 0.02  # a local stat: cheap, and what a follower's latency is made of
+LOG_POLL_S = 0.01  # a local stat: cheap (100 a second), and what a follower's latency is made of
 
 
 def read_log(

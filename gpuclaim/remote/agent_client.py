@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from gpuclaim.core.errors import UnreachableError, error_from_wire
@@ -12,6 +13,8 @@ from gpuclaim.remote.ssh import CommandResult
 
 if TYPE_CHECKING:
     from gpuclaim.remote.warm import WarmAgents
+
+log = logging.getLogger(__name__)
 
 
 class CommandRunner(Protocol):
@@ -45,6 +48,7 @@ class AgentClient:
                 if not isinstance(answer, dict):
                     raise UnreachableError(f"{alias}: the warm agent answered {answer!r}")
                 return _result(answer)
+        log.debug("%s: %s through a new SSH session (one-shot agent)", alias, request.get("op"))
         return self.run_agent(alias, "", json.dumps(request).encode(), timeout)
 
     def run_agent(self, alias: str, arguments: str, stdin: bytes, timeout: float) -> Any:

@@ -10,6 +10,12 @@ Every failure falls back to the one-shot agent over SSH, only slower: no forward
 (``AllowStreamLocalForwarding no``), an agent that cannot start, a master that died (the
 socket is then replaced). A request is sent again only when the agent provably never read
 it (no greeting came back), so nothing runs twice.
+
+Jobs start through it too (``launch``: one round trip instead of an SSH session and a Python
+start, ~50 ms of every ``run``). What a job inherits is the same either way: the warm agent
+is a fork of the one-shot agent of an earlier session over the same master, and the job's
+wrapper reads the login shell's environment afresh (``node.workenv``); a forwarded SSH agent
+socket that closed since is left out (``node.tmux``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,6 @@ from gpuclaim.core.paths import private_dir
 from gpuclaim.remote.openssh import OpenSshPool
 
 OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
-# Ops that start processes meant to outlive everything (tmux sessions, the queue keeper)
-# keep coming from a fresh SSH session, as before: they inherit its environment.
-COLD_OPS = frozenset({"launch", "keep_queue"})
 
 
 def first_contact_arguments(version: str, idle_s: float) -> str:
@@ -103,7 +106,7 @@ class WarmAgents:
 
     # -- requests ---------------------------------------------------------------------------
     def call(self, alias: str, request: dict[str, Any], timeout: float) -> Optional[Any]:
-        if request.get("op") in COLD_OPS or self._off_reason(alias) is not None:
+        if self._off_reason(alias) is not None:
             return None
         local = self.local_socket(alias)
         try:
