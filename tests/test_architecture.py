@@ -182,6 +182,56 @@ def test_agent_bundle_is_the_node_side_and_runs_alone(tmp_path: Path) -> None:
                 assert "runpy" not in imported  # its imports cost every agent start
 
 
+@pytest.fixture
+def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A copy of the package that ``remote.bundle`` versions instead of this one (its
+    caches cleared before and after), and a data dir of its own."""
+    import shutil
+
+    from gpuclaim.remote import bundle
+
+    copy = tmp_path / "pkg" / "gpuclaim"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(bundle, "PACKAGE_DIR", copy)
+    monkeypatch.setenv("GPUCLAIM_HOME", str(tmp_path / "home"))
+
+    def fresh() -> str:  # as a new CLI process finds it
+        bundle.agent_version.cache_clear()
+        bundle._bundle_files.cache_clear()
+        return bundle.agent_version()
+
+    yield copy, fresh, tmp_path / "home" / "bundles" / "version.json"
+    bundle.agent_version.cache_clear()
+    bundle._bundle_files.cache_clear()
+
+
+def test_the_agents_version_is_kept_and_follows_every_edit(package_copy: Any) -> None:
+    """Each command that talks to a node names the agent's version; it is kept under a
+    stamp of the sources (a stat each) instead of hashing the bundle every time, and an
+    edit of a bundled file changes it, one of a file the nodes never get does not."""
+    from gpuclaim.remote import bundle
+
+    copy, fresh, memo = package_copy
+    first = fresh()
+    assert first == bundle._hashed_version() and memo.is_file()
+    assert json.loads(memo.read_text())["version"] == first
+    assert fresh() == first  # read back
+    runner = copy / "node" / "runner.py"
+    runner.write_text(runner.read_text() + "# an edit\n")
+    edited = fresh()
+    assert edited != first and edited == bundle._hashed_version()
+    cli = copy / "cli" / "jobs.py"  # not on the node side
+    cli.write_text(cli.read_text() + "# an edit\n")
+    assert fresh() == edited
+    memo.write_text("{not json")  # a damaged memo is only a slower call
+    assert fresh() == edited and json.loads(memo.read_text())["version"] == edited
+    import shutil
+
+    shutil.rmtree(memo.parent)
+    memo.parent.write_text("")  # a data dir it cannot write in (root too): still right
+    assert fresh() == edited
+
+
 def test_the_bundle_carries_nvml_bindings_for_nodes_without_them(tmp_path: Path) -> None:
     """A node with a driver but no nvidia-ml-py still reads NVML in-process (the copy the
     bundle carries); a node without the driver's library never imports that copy."""
