@@ -14,6 +14,7 @@ import typer
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
 from gpuclaim.cli.files import absolute_workdir, sync_request, typed_in
+from gpuclaim.cli.follow import FirstRead, flush_stdout, follow_log, write_out
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
 
@@ -150,9 +151,10 @@ def run(
 
         submit_and_report(st, array_request(req, array, sweep, max_running), as_json, quiet)
         return
-    job = _submit_and_report(st, req, wait or follow, as_json, quiet, follow=follow)
-    if follow:
-        raise typer.Exit(_follow(st, job, 0, 0, quiet))
+    first = FirstRead(st) if follow else None
+    job = _submit_and_report(st, req, wait or follow, as_json, quiet, first=first)
+    if first is not None:
+        raise typer.Exit(follow_log(st, job, 0, 0, quiet, first))
 
 
 def _submit_and_report(
@@ -161,16 +163,20 @@ def _submit_and_report(
     wait: bool,
     as_json: bool,
     quiet: bool = False,
-    follow: bool = False,
+    first: Optional[FirstRead] = None,
 ) -> Any:
     """Start (or queue) the job and say so. A batch job is watched through its first moment
     (at most FIRST_MOMENT_S): one that dies at once is reported with its exit code and the
-    end of its log, exit 1, not as started. With ``follow`` the caller follows it instead."""
+    end of its log, exit 1, not as started. With ``first`` the caller follows it instead,
+    and its first read of the log starts before anything is said."""
+    follow = first is not None
     from gpuclaim.engine.job_watch import first_bad_rank, watch_first_moment
     from gpuclaim.engine.jobs import submit_job
 
     with waiting("starting the job", quiet):
         job = submit_job(st.config, st.store, req, st.prober, st.ops)
+    if first is not None:
+        first.start(job)  # a job that started: its log is read while we say so
     if not quiet:
         _say_where_it_runs(job)
     completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
@@ -225,7 +231,7 @@ def _say_early_end(st: AppState, job: Any) -> None:
     else:
         head = f"job {job.name} ended at once{where}: {rank.state} (exit code {code})"
     tail = [line for line in _log_tail(st, rank, 10) if line.strip() and line != f"gpuclaim: {own}"]
-    _flush_stdout()
+    flush_stdout()
     sys.stderr.write(f"gpuclaim: error: {head}" + ("; the end of its log:\n" if tail else "\n"))
     sys.stderr.write("".join(f"  {line}\n" for line in tail))
     sys.stderr.flush()
@@ -239,13 +245,6 @@ def _log_tail(st: AppState, rank: Any, lines: int) -> list[str]:
     except GpuclaimError:
         return []
     return str(chunk["data"]).splitlines()
-
-
-def _flush_stdout() -> None:
-    try:
-        sys.stdout.flush()
-    except OSError:
-        pass
 
 
 def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
@@ -391,64 +390,9 @@ def logs(
         if lines
         else st.ops.read_log(node, r.log or "")
     )
-    _write(chunk["data"])
+    write_out(chunk["data"])
     if follow:
-        raise typer.Exit(_follow(st, job, rank, int(chunk["offset"])))
-
-
-FOLLOW_POLL_S = 0.5
-LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
-
-
-def _follow(st: AppState, job: Any, rank: int, offset: int, quiet: bool = False) -> int:
-    """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
-    of how it ended; returns the exit code for it (``exit_code_of``)."""
-    from gpuclaim.core.errors import UnreachableError
-    from gpuclaim.core.states import FINAL_STATES
-    from gpuclaim.engine.job_records import observed_state, reload_job
-    from gpuclaim.engine.job_watch import exit_code_of, outcome_line
-
-    r = job.ranks[rank]
-    node = st.config.node(r.node)
-    next_look = time.monotonic() + LOOK_EVERY_S
-    try:
-        while True:
-            job = reload_job(st.store, job)
-            final = job.state in FINAL_STATES
-            if not final and time.monotonic() >= next_look:
-                next_look = time.monotonic() + LOOK_EVERY_S
-                if observed_state(job, st.store.snapshot().claims) == "lost":
-                    job, final = job.with_(state="lost"), True
-            try:
-                # the node answers at once when there is output, else waits for the next
-                # line; the job's state is read between reads, so its end is seen within
-                # FOLLOW_POLL_S, and once it ended the rest is read without waiting
-                wait_s = 0.0 if final else FOLLOW_POLL_S
-                chunk = st.ops.read_log(node, r.log or "", offset=offset, wait_s=wait_s)
-            except UnreachableError:
-                if final:
-                    break  # the rest of the log is on a node we cannot reach now
-                chunk = {"data": "", "offset": offset}  # it may come back; heartbeats tell
-                time.sleep(FOLLOW_POLL_S)
-            _write(chunk["data"])
-            offset = int(chunk["offset"])
-            if final and not chunk["data"]:
-                break
-    except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\ngpuclaim: stopped following; job {job.name} goes on "
-            f"(gpuclaim kill {job.name} stops it)\n"
-        )
-        return 130
-    if not quiet:
-        _flush_stdout()
-        sys.stderr.write(f"gpuclaim: {outcome_line(job, time.time())}\n")
-    return exit_code_of(job)
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+        raise typer.Exit(follow_log(st, job, rank, int(chunk["offset"])))
 
 
 def attach(

@@ -16,8 +16,6 @@ import json
 import os
 import sys
 
-from gpuclaim.node.agent import handle
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
 if TYPE_CHECKING:
     from typing import Any
@@ -54,6 +52,8 @@ def main() -> int:
             "error": {"type": "GpuclaimError", "message": f"agent: bad request: {exc}"}
         }
     else:
+        from gpuclaim.node.agent import handle  # here: a job's wrapper never needs it
+
         response = handle(request)
     if warm:
         response["warm"] = warm

@@ -72,12 +72,15 @@ def job_environment(
     venv: Optional[str],
     conda: Optional[str],
     workdir: str,
+    shell: Optional[ShellRun] = None,
 ) -> dict[str, str]:
     """``base`` as the login shell and the conda env leave it, then with the venv first on
-    PATH. A venv path that is relative is the job's workdir's (``--venv .venv``)."""
+    PATH. A venv path that is relative is the job's workdir's (``--venv .venv``). ``shell``:
+    that shell, started earlier (``ShellRun.start`` with the same ``base``, ``login``,
+    ``conda``) while the wrapper readied the rest."""
     env = dict(base)
     if login or conda:
-        env = _shell_environment(env, node, login, conda or "")
+        env = (shell or ShellRun.start(env, login, conda or "")).result(node)
     if venv:
         env = with_venv(env, venv, node, workdir)
     return env
@@ -95,41 +98,76 @@ def with_venv(env: dict[str, str], venv: str, node: str, workdir: str) -> dict[s
     return env
 
 
+class ShellRun:
+    """The login shell (and conda's activation) printing its environment: started, and read
+    later, so the job's wrapper readies itself while the user's profile runs (on a real
+    cluster that profile, conda's init among it, is often the longer of the two)."""
+
+    def __init__(self, proc: Optional[subprocess.Popen[bytes]], said: str, failed: str) -> None:
+        self.proc = proc
+        self.said = said  # "bash -l", "sh": for messages
+        self.failed = failed  # why it could not start, if it did not
+        self.conda = False
+
+    @classmethod
+    def start(cls, env: dict[str, str], login: bool, conda: str) -> ShellRun:
+        shell = login_shell() if login else "/bin/sh"
+        argv = [shell, *(["-l"] if login else []), "-c", _SCRIPT, sys.executable, _DUMP, conda]
+        said = f"{Path(shell).name} -l" if login else "sh"
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=str(Path.home()),
+            )
+        except OSError as exc:
+            run = cls(None, said, f"cannot start the login shell {shell}: {exc}")
+        else:
+            run = cls(proc, said, "")
+        run.conda = bool(conda)
+        return run
+
+    def result(self, node: str) -> dict[str, str]:
+        """The environment it printed, or ``GpuclaimError`` saying why there is none."""
+        if self.proc is None:
+            raise GpuclaimError(f"{self.failed} on {node}")
+        try:
+            stdout, stderr = self.proc.communicate(timeout=LOGIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise GpuclaimError(
+                f"the login shell ({self.said}) did not finish within {LOGIN_TIMEOUT_S:.0f}s on "
+                f"{node} (a profile waiting for input?): set login_shell = false for this node"
+            ) from None
+        out = stdout.decode("utf-8", "replace")
+        code = self.proc.returncode
+        if code != 0 or (MARKER not in out and MARKER_ENV0 not in out):
+            lines = stderr.decode("utf-8", "replace").strip().splitlines()
+            why = lines[-1] if lines else f"exit status {code}"
+            if self.conda and code in (3, 4):
+                raise GpuclaimError(f"{why} on {node}")
+            raise GpuclaimError(f"the login shell ({self.said}) failed on {node}: {why}")
+        try:
+            found = _dumped(out)
+        except ValueError as exc:
+            raise GpuclaimError(
+                f"the login shell's environment on {node} is unreadable: {exc}"
+            ) from None
+        # what the shell itself set about its own run, not the job's
+        return {str(k): str(v) for k, v in found.items() if k not in _SHELL_OWN}
+
+    def stop(self) -> None:
+        """Not needed after all (the workdir is missing, the wrapper failed): gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
 def _shell_environment(env: dict[str, str], node: str, login: bool, conda: str) -> dict[str, str]:
-    shell = login_shell() if login else "/bin/sh"
-    argv = [shell, *(["-l"] if login else []), "-c", _SCRIPT, sys.executable, _DUMP, conda]
-    said = f"{Path(shell).name} -l" if login else "sh"
-    try:
-        proc = subprocess.run(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=LOGIN_TIMEOUT_S,
-            cwd=str(Path.home()),
-        )
-    except subprocess.TimeoutExpired:
-        raise GpuclaimError(
-            f"the login shell ({said}) did not finish within {LOGIN_TIMEOUT_S:.0f}s on {node}"
-            " (a profile waiting for input?): set login_shell = false for this node"
-        ) from None
-    except OSError as exc:
-        raise GpuclaimError(f"cannot start the login shell {shell} on {node}: {exc}") from None
-    out = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode != 0 or (MARKER not in out and MARKER_ENV0 not in out):
-        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        why = lines[-1] if lines else f"exit status {proc.returncode}"
-        if conda and proc.returncode in (3, 4):
-            raise GpuclaimError(f"{why} on {node}")
-        raise GpuclaimError(f"the login shell ({said}) failed on {node}: {why}")
-    try:
-        found = _dumped(out)
-    except ValueError as exc:
-        raise GpuclaimError(
-            f"the login shell's environment on {node} is unreadable: {exc}"
-        ) from None
-    # what the shell itself set about its own run, not the job's
-    return {str(k): str(v) for k, v in found.items() if k not in _SHELL_OWN}
+    return ShellRun.start(env, login, conda).result(node)
 
 
 def _dumped(out: str) -> dict[str, str]:

@@ -11,27 +11,30 @@ from __future__ import annotations
 import errno
 import json
 import os
-import select
-import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.node.rank_record import RankRecord
-from gpuclaim.node.runner import free_port
-from gpuclaim.node.workenv import job_environment
+from gpuclaim.node.workenv import ShellRun, job_environment
 
 POLL_S = 0.5
+DRAIN_S = 0.2  # after the job ended: how long its output may still take to arrive
 PLACEMENT_FRESH_S = 10.0  # a placement probe this recent stands for the wrapper's own
 
 
 class Wrapper(RankRecord):
     """Runs one rank of a job from its spec file to the recorded end: the process, its
     environment, its output and its time limit (what it records: ``RankRecord``)."""
+
+    def __init__(self, spec: dict[str, Any], shell: Optional[ShellRun] = None) -> None:
+        super().__init__(spec)
+        self.shell = shell  # the login shell, started before the rest was imported
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, self._on_hangup)
@@ -48,6 +51,8 @@ class Wrapper(RankRecord):
             log.write(f"gpuclaim: wrapper error: {exc}\n".encode())
             return self._finish("failed", None, f"wrapper error: {exc}")
         finally:
+            if self.shell is not None:
+                self.shell.stop()  # not needed after all, if it was not read
             log.close()
 
     def _on_hangup(self, signum: int, frame: Any) -> None:
@@ -89,6 +94,7 @@ class Wrapper(RankRecord):
                 venv=workenv.get("venv"),
                 conda=workenv.get("conda"),
                 workdir=self.run_dir,
+                shell=self.shell,
             )
         except GpuclaimError as exc:
             return {}, exc.message
@@ -124,6 +130,10 @@ class Wrapper(RankRecord):
         if self.job.kind == "shell":
             return [os.environ.get("SHELL") or "/bin/bash", "-l"]
         if self.job.kind == "notebook":
+            import shutil
+
+            from gpuclaim.node.runner import free_port  # only here: a job's start skips them
+
             jupyter = shutil.which("jupyter", path=env.get("PATH"))
             if jupyter is None:
                 raise GpuclaimError(
@@ -168,19 +178,24 @@ class Wrapper(RankRecord):
             message, code = self._start_error(exc, argv[0], cwd)
             log.write(f"gpuclaim: {message}\n".encode())
             return self._finish("failed", code, message)
+        # The output goes to the log from its first byte, in a thread of its own: a follower
+        # sees the job's first line without waiting for the store (recording the start
+        # writes the job's record and an event: on NFS, many ms).
+        pump = None
+        if self.child.stdout is not None:
+            pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
+            pump.start()
         self._record_start(started)
         next_beat = time.monotonic() + self.beat_s
         next_sample = time.monotonic() + self.sample_s
         next_check = time.monotonic() + 1.0
         stop_sent: Optional[float] = None
-        out = self.child.stdout
         while True:
-            if out is not None:
-                self._pump(out, log, POLL_S)
-            else:
-                time.sleep(POLL_S)
-            if self.child.poll() is not None:
+            try:
+                self.child.wait(timeout=POLL_S)
                 break
+            except subprocess.TimeoutExpired:
+                pass
             now = time.monotonic()
             if self.stop_reason is None and now > deadline:
                 self.stop_reason = "timeout"
@@ -202,9 +217,11 @@ class Wrapper(RankRecord):
             if now > next_sample:
                 next_sample = now + self.sample_s
                 self._sample_usage()
-        if out is not None:
-            self._pump(out, log, 0.2, drain=True)
+        if pump is not None:
+            pump.join(DRAIN_S)  # what it wrote last (a leftover may hold the pipe open)
         self._signal(signal.SIGKILL)  # leftovers of the job's process group hold GPU memory
+        if pump is not None:
+            pump.join(DRAIN_S)  # the pipe closed with them: its last bytes, then the end
         code = self.child.returncode
         exit_code = code if code >= 0 else 128 - code
         if self.stop_reason == "timeout":
@@ -232,25 +249,23 @@ class Wrapper(RankRecord):
             return f"{where}: {exc.strerror}{hint}", 127
         return f"{where}: {exc.strerror}", 126
 
-    def _pump(self, out: Any, log: Any, timeout: float, drain: bool = False) -> None:
+    def _pump(self, out: Any, log: Any) -> None:
+        """Copy the job's output to its log and to the tmux pane (``gpuclaim attach``) as it
+        comes, until the pipe closes (the job and what it started ended) or the log does."""
         fd = out.fileno()
-        end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(0.0, left))
-            if not ready:
-                return
-            data = os.read(fd, 65536)
-            if not data:
-                return
-            log.write(data)
-            try:
-                sys.stdout.buffer.write(data)  # the tmux pane, for `gpuclaim attach`
-                sys.stdout.buffer.flush()
-            except OSError:
-                pass
-            if not drain and time.monotonic() > end:
-                return
+        try:
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    return
+                log.write(data)
+                try:
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.buffer.flush()
+                except OSError:
+                    pass
+        except (OSError, ValueError):
+            return  # the log was closed: the wrapper is done with this job
 
     def _signal(self, sig: int) -> None:
         if self.child is None:
@@ -266,4 +281,8 @@ class Wrapper(RankRecord):
 
 def run_wrapper(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    return Wrapper(spec).run()
+    # The user's profile runs while the wrapper imports what it records the job with.
+    workenv = spec.get("workenv") or {}
+    login, conda = bool(workenv.get("login_shell", False)), str(workenv.get("conda") or "")
+    shell = ShellRun.start(dict(os.environ), login, conda) if login or conda else None
+    return Wrapper(spec, shell).run()

@@ -1,0 +1,120 @@
+"""Following a job's log from the terminal (``run --follow``, ``logs -f``): its output as it
+comes, then one line of how it ended, and its exit code."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from gpuclaim.cli.common import AppState
+
+FOLLOW_POLL_S = 0.5
+LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
+
+
+class FirstRead:
+    """The follower's first read of a job's log, sent while the CLI still says where the job
+    started (that line costs ~20 ms of rich's import): the job's first line is not held up
+    behind it. ``take`` gives the answer, or raises what the read raised."""
+
+    def __init__(self, st: AppState) -> None:
+        self.st = st
+        self._thread: Optional[threading.Thread] = None
+        self._answer: Optional[dict[str, Any]] = None
+        self._error: Optional[BaseException] = None
+        self.for_log = ""
+
+    def start(self, job: Any) -> None:
+        if job.state not in ("starting", "running") or not job.ranks or not job.ranks[0].log:
+            return
+        rank = job.ranks[0]
+        self.for_log = rank.log
+        node = self.st.config.node(rank.node)
+        self._thread = threading.Thread(target=self._read, args=(node, rank.log), daemon=True)
+        self._thread.start()
+
+    def _read(self, node: Any, log: str) -> None:
+        try:
+            self._answer = self.st.ops.read_log(node, log, offset=0, wait_s=FOLLOW_POLL_S)
+        except BaseException as exc:  # handed to the follower, in its own thread
+            self._error = exc
+
+    def take(self, log: str, offset: int) -> Optional[dict[str, Any]]:
+        """The first read's answer if it was for ``log`` from ``offset`` 0; None if none ran."""
+        if self._thread is None or log != self.for_log or offset != 0:
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+        return self._answer
+
+
+def follow_log(
+    st: AppState,
+    job: Any,
+    rank: int,
+    offset: int,
+    quiet: bool = False,
+    first: Optional[FirstRead] = None,
+) -> int:
+    """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
+    of how it ended; returns the exit code for it (``exit_code_of``)."""
+    from gpuclaim.core.errors import UnreachableError
+    from gpuclaim.core.states import FINAL_STATES
+    from gpuclaim.engine.job_records import observed_state, reload_job
+    from gpuclaim.engine.job_watch import exit_code_of, outcome_line
+
+    r = job.ranks[rank]
+    node = st.config.node(r.node)
+    next_look = time.monotonic() + LOOK_EVERY_S
+    try:
+        while True:
+            job = reload_job(st.store, job)
+            final = job.state in FINAL_STATES
+            if not final and time.monotonic() >= next_look:
+                next_look = time.monotonic() + LOOK_EVERY_S
+                if observed_state(job, st.store.snapshot().claims) == "lost":
+                    job, final = job.with_(state="lost"), True
+            try:
+                # the node answers at once when there is output, else waits for the next
+                # line; the job's state is read between reads, so its end is seen within
+                # FOLLOW_POLL_S, and once it ended the rest is read without waiting
+                wait_s = 0.0 if final else FOLLOW_POLL_S
+                chunk = first.take(r.log or "", offset) if first is not None else None
+                first = None
+                if chunk is None:
+                    chunk = st.ops.read_log(node, r.log or "", offset=offset, wait_s=wait_s)
+            except UnreachableError:
+                if final:
+                    break  # the rest of the log is on a node we cannot reach now
+                chunk = {"data": "", "offset": offset}  # it may come back; heartbeats tell
+                time.sleep(FOLLOW_POLL_S)
+            write_out(chunk["data"])
+            offset = int(chunk["offset"])
+            if final and not chunk["data"]:
+                break
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"\ngpuclaim: stopped following; job {job.name} goes on "
+            f"(gpuclaim kill {job.name} stops it)\n"
+        )
+        return 130
+    if not quiet:
+        flush_stdout()
+        sys.stderr.write(f"gpuclaim: {outcome_line(job, time.time())}\n")
+    return exit_code_of(job)
+
+
+def write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
