@@ -81,8 +81,9 @@ def main() -> None:
                 storage=str(work / "store"),
                 ssh_config=str(tb.ssh_config),
             )
-            if args.client == "openssh":
-                text = text.replace("\nnodes = ", '\nssh_client = "openssh"\nnodes = ', 1)
+            # named either way: the default ("auto") is the ssh binary where there is one
+            client = f'\nssh_client = "{args.client}"\nnodes = '
+            text = text.replace("\nnodes = ", client, 1)
             config.write_text(text)
             env = {
                 **os.environ,
