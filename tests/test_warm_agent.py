@@ -399,3 +399,21 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     assert not list(run_dir.glob("agent-*.sock"))
     assert {r["state"] for r in c.json("status")} == {"free"}  # and the next look starts one
     assert len(_agents(testbed)) == 1
+
+
+def test_a_job_started_by_the_warm_agent_gets_no_dead_ssh_agent_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm agent outlives the SSH connection it came in on: an SSH_AUTH_SOCK forwarded
+    then and closed since is not handed to tmux (and so to the job); a live one is."""
+    from gpuclaim.node.tmux import _client_environment
+
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.gone"))
+    assert "SSH_AUTH_SOCK" not in _client_environment()
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        live.bind(str(tmp_path / "agent.sock"))
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+        assert _client_environment()["SSH_AUTH_SOCK"] == str(tmp_path / "agent.sock")
+    finally:
+        live.close()
