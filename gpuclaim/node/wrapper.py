@@ -251,21 +251,27 @@ class Wrapper(RankRecord):
 
     def _pump(self, out: Any, log: Any) -> None:
         """Copy the job's output to its log and to the tmux pane (``gpuclaim attach``) as it
-        comes, until the pipe closes (the job and what it started ended) or the log does."""
+        comes, until the pipe closes (the job and what it started ended) or the log does.
+        It never stops reading while the job runs: a full pipe would block the job."""
         fd = out.fileno()
-        try:
-            while True:
+        while True:
+            try:
                 data = os.read(fd, 65536)
-                if not data:
-                    return
+            except OSError:
+                return
+            if not data:
+                return
+            try:
                 log.write(data)
-                try:
-                    sys.stdout.buffer.write(data)
-                    sys.stdout.buffer.flush()
-                except OSError:
-                    pass
-        except (OSError, ValueError):
-            return  # the log was closed: the wrapper is done with this job
+            except ValueError:
+                return  # the log was closed: the wrapper is done with this job
+            except OSError:
+                pass  # a full disk loses output, not the job
+            try:
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+            except OSError:
+                pass
 
     def _signal(self, sig: int) -> None:
         if self.child is None:
