@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from gpuclaim.cli.common import AppState, out, print_json, waiting
 from gpuclaim.core.errors import GpuclaimError, UsageError
+from gpuclaim.core.states import UNSUCCESSFUL_STATES
 
 
 def array_request(
@@ -138,7 +139,7 @@ def _array_row(tasks: list[dict[str, Any]], compact: Any) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
-    order = ("running", "starting", "queued", "failed", "timeout", "lost", "killed")
+    order = ("running", "starting", "queued", *UNSUCCESSFUL_STATES)  # the worst end first
     main = next((s for s in order if counts.get(s)), "succeeded")
     indices = tuple(int(t["array"]["index"]) for t in tasks)
     nodes = sorted({n for t in tasks if t["state"] in ("running", "starting") for n in t["nodes"]})

@@ -63,7 +63,7 @@ def follow_log(
     """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
     of how it ended; returns the exit code for it (``exit_code_of``)."""
     from gpuclaim.core.errors import UnreachableError
-    from gpuclaim.core.states import FINAL_STATES
+    from gpuclaim.core.states import ended
     from gpuclaim.engine.job_records import observed_state, reload_job
     from gpuclaim.engine.job_watch import exit_code_of, outcome_line
 
@@ -73,7 +73,7 @@ def follow_log(
     try:
         while True:
             job = reload_job(st.store, job)
-            final = job.state in FINAL_STATES
+            final = ended(job.state)
             if not final and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_EVERY_S
                 if observed_state(job, st.store.snapshot().claims) == "lost":

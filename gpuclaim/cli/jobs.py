@@ -170,7 +170,7 @@ def _submit_and_report(
     end of its log, exit 1, not as started. With ``first`` the caller follows it instead,
     and its first read of the log starts before anything is said."""
     follow = first is not None
-    from gpuclaim.engine.job_watch import first_bad_rank, watch_first_moment
+    from gpuclaim.engine.job_watch import ended_badly_at_once, watch_first_moment
     from gpuclaim.engine.jobs import submit_job
 
     with waiting("starting the job", quiet):
@@ -185,7 +185,7 @@ def _submit_and_report(
     if req.kind == "batch" and job.state in ("starting", "running") and not follow:
         with waiting("starting the job", quiet):
             job = watch_first_moment(st.store, job)
-    bad = first_bad_rank(job) is not None or job.state in ("failed", "killed", "timeout", "lost")
+    bad = ended_badly_at_once(job)  # failed, killed, ... or never ran: not "Started"
     if as_json:
         print_json(job.to_dict())
     elif not quiet and not bad:
@@ -209,10 +209,15 @@ def _say_where_it_runs(job: Any) -> None:
 
 def _say_early_end(st: AppState, job: Any) -> None:
     """``gpuclaim: error: job X failed at once on node01 (exit code 2); the end of its log:``
-    and those lines, indented: what a user needs instead of 'Started'."""
-    from gpuclaim.core.states import FINAL_STATES
-    from gpuclaim.engine.job_watch import exit_code_of, first_bad_rank
+    and those lines, indented: what a user needs instead of 'Started'. One that never ran:
+    ``gpuclaim: error: job X never ran: prep failed``."""
+    from gpuclaim.core.states import ended, never_ran
+    from gpuclaim.engine.job_watch import exit_code_of, first_bad_rank, never_ran_line
 
+    if never_ran(job.state):
+        flush_stdout()  # after --json's job, in order
+        sys.stderr.write(f"gpuclaim: error: {never_ran_line(job)}\n")
+        return
     rank = first_bad_rank(job) or (job.ranks[0] if job.ranks else None)
     own = job.reason if job.reason and not job.reason.startswith("exit status") else ""
     if rank is None:  # it never got a node (taken out of the queue while we waited)
@@ -220,7 +225,7 @@ def _say_early_end(st: AppState, job: Any) -> None:
         sys.stderr.write(f"gpuclaim: error: {said}\n")
         return
     where = f" on {rank.node}" + (f" (rank {rank.rank})" if len(job.ranks) > 1 else "")
-    code = exit_code_of(job) if job.state in FINAL_STATES else (rank.exit_code or 1)
+    code = exit_code_of(job) if ended(job.state) else (rank.exit_code or 1)
     if rank.state == "failed" and rank.exit_code is None:
         if f" on {rank.node}" in own and len(job.ranks) == 1:
             where = ""  # the reason names the node: 'workdir /x does not exist on node01'
@@ -379,8 +384,13 @@ def logs(
 ) -> None:
     """Show a job's output (from the log file on its node)."""
 
+    from gpuclaim.core.states import never_ran
+    from gpuclaim.engine.job_watch import never_ran_line
+
     st = state(ctx, looking=True)
     job = _find_one(st, name)
+    if never_ran(job.state):  # no log, and never will be: why, exit 1 (as `run --wait` says)
+        raise GpuclaimError(never_ran_line(job))
     if rank >= len(job.ranks) or not job.ranks[rank].log:
         raise GpuclaimError(f"job {job.name} has no log yet ({job.state})")
     r = job.ranks[rank]

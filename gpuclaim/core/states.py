@@ -43,6 +43,28 @@ ACTIVE_JOB_STATES: tuple[str, ...] = tuple(
 FINAL_STATES: tuple[str, ...] = tuple(
     s.value for s in JobState if s.value not in ACTIVE_JOB_STATES
 )  # a job's or a rank's end: succeeded, failed, killed, timeout, lost, cancelled
+# The ends other than success, the worst first (an array's row shows the worst of its tasks).
+UNSUCCESSFUL_STATES: tuple[str, ...] = tuple(
+    s.value
+    for s in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST, JobState.KILLED, JobState.CANCELLED)
+)
+# The ends of a job that never ran (nothing started, no log): never "Started", exit 1.
+NEVER_RAN_STATES: tuple[str, ...] = (JobState.CANCELLED.value,)
+
+
+def ended(state: str) -> bool:
+    """Has a job (or a rank) in ``state`` ended, however it ended."""
+    return state in FINAL_STATES
+
+
+def ended_badly(state: str) -> bool:
+    """Has it ended other than by succeeding (failed, killed, timeout, lost, never ran)."""
+    return state in UNSUCCESSFUL_STATES
+
+
+def never_ran(state: str) -> bool:
+    """Did it end without ever running (what it waited for with --after did not succeed)."""
+    return state in NEVER_RAN_STATES
 
 
 # How each GPU state is shown (rich style names), the same in ``status`` and on the board.

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
-from gpuclaim.core.states import FINAL_STATES
+from gpuclaim.core.states import ended, ended_badly
 from gpuclaim.engine.job_records import load_archived, load_job_anywhere, load_jobs
 from gpuclaim.store import Store
 
@@ -45,6 +45,7 @@ def resolve_after(
                 f"{flag} {name}: you have no job or array named {name!r}",
                 hint="see 'gpuclaim jobs --all'",
             )
+        # an array's end is its summary ('3 failed, 1 killed'), not one state
         if state is not None and state != "succeeded" and not any_end:
             raise UsageError(
                 f"--after {name}: it already ended ({state}), so this would never start",
@@ -62,20 +63,20 @@ def _lookup(
     candidates: list[tuple[float, Dependency, Optional[str]]] = []
     for job in jobs:
         if job.id == name or (job.name == name and job.user == user):
-            ended = job.state if job.state in FINAL_STATES else None
-            candidates.append((job.submitted, Dependency(job.id, job.name, False, any_end), ended))
+            end = job.state if ended(job.state) else None
+            candidates.append((job.submitted, Dependency(job.id, job.name, False, any_end), end))
     for record in arrays:
         if record.get("id") == name or (record.get("name") == name and record.get("user") == user):
             result = record.get("result")
-            ended = None
+            end = None
             if isinstance(result, dict):
-                ended = "succeeded" if result.get("succeeded") else _worst(result)
+                end = "succeeded" if result.get("succeeded") else _worst(result)
             dep = Dependency(str(record["id"]), str(record["name"]), True, any_end)
-            candidates.append((float(record.get("submitted") or 0), dep, ended))
+            candidates.append((float(record.get("submitted") or 0), dep, end))
     if not candidates:
         return None, None
-    _, dep, ended = max(candidates, key=lambda c: c[0])
-    return dep, ended
+    _, dep, end = max(candidates, key=lambda c: c[0])
+    return dep, end
 
 
 def judge(store: Store, job: Job) -> tuple[str, str]:
@@ -95,9 +96,9 @@ def judge(store: Store, job: Job) -> tuple[str, str]:
         if data is None:
             return BROKEN, f"job {dep.name} it waited for is gone"
         state = str(data.get("state"))
-        if state not in FINAL_STATES:
+        if not ended(state):
             return WAITING, f"waiting for {dep.name}"
-        if not dep.any and state != "succeeded":
+        if not dep.any and ended_badly(state):
             return BROKEN, f"{dep.name} {state}"
     return READY, ""
 

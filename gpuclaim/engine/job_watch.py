@@ -8,7 +8,7 @@ from typing import Optional
 
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Job, JobRank
-from gpuclaim.core.states import FINAL_STATES
+from gpuclaim.core.states import JobState, ended, ended_badly, never_ran
 from gpuclaim.engine.job_records import reload_job
 from gpuclaim.store import Store
 
@@ -21,6 +21,18 @@ TIMEOUT_EXIT = 124  # past its --time, as timeout(1) says it
 
 
 LOST_EXIT = 255  # its node, tmux or wrapper went away: how it ended is unknown
+
+
+NEVER_RAN_EXIT = 1  # it never started (cancelled: what it waited for did not succeed)
+
+
+# Each end that is not the job's own exit, and its code (README, "Exit codes").
+END_EXIT: dict[str, int] = {
+    JobState.KILLED.value: KILLED_EXIT,
+    JobState.TIMEOUT.value: TIMEOUT_EXIT,
+    JobState.LOST.value: LOST_EXIT,
+    JobState.CANCELLED.value: NEVER_RAN_EXIT,
+}
 
 
 # `run` watches a job's first moment, so that one that dies at once is not "Started":
@@ -47,7 +59,7 @@ def watch_first_moment(
         now = time.monotonic()
         # A one-node job's end is recorded as the rank's, then the job's (with its reason):
         # wait for the job's. A gang's failed rank is news at once (its others still stop).
-        if job.state in FINAL_STATES or (len(job.ranks) > 1 and first_bad_rank(job)):
+        if ended(job.state) or (len(job.ranks) > 1 and first_bad_rank(job)):
             return job
         if job.ranks and all(r.state == "running" for r in job.ranks):
             running_since = running_since or now
@@ -60,7 +72,12 @@ def watch_first_moment(
 
 def first_bad_rank(job: Job) -> Optional[JobRank]:
     """A rank that ended other than well (a gang job may still be stopping its others)."""
-    return next((r for r in job.ranks if r.state in FINAL_STATES and r.state != "succeeded"), None)
+    return next((r for r in job.ranks if ended_badly(r.state)), None)
+
+
+def ended_badly_at_once(job: Job) -> bool:
+    """Did the job (or one of its ranks) end other than well: never "Started"."""
+    return ended_badly(job.state) or first_bad_rank(job) is not None
 
 
 def exit_code_of(job: Job) -> int:
@@ -70,13 +87,25 @@ def exit_code_of(job: Job) -> int:
         return 0
     if job.state == "failed":
         return job.exit_code or 1  # no code: it never ran (a missing workdir, GPUs gone)
-    return {"killed": KILLED_EXIT, "timeout": TIMEOUT_EXIT, "lost": LOST_EXIT}.get(job.state, 1)
+    return END_EXIT.get(job.state, 1)
+
+
+def never_ran_line(job: Job) -> str:
+    """``job train never ran: prep failed``: a job that ended before it ever started."""
+    why = job.reason or f"it was {job.state}"
+    return (
+        f"job {job.name} {why}"
+        if why.startswith("never ran")
+        else f"job {job.name} never ran: {why}"
+    )
 
 
 def outcome_line(job: Job, now: float) -> str:
     """One line of how a job ended, with the exit code ``exit_code_of`` gives, for scripts:
     ``job train-1a2b failed (exit code 3) after 12s``."""
     code = exit_code_of(job)
+    if never_ran(job.state):
+        return f"{never_ran_line(job)} (exit code {code})"
     took = format_duration(max(0.0, (job.ended or now) - (job.started or job.submitted)))
     if job.state == "succeeded":
         return f"job {job.name} succeeded after {took}"
