@@ -175,6 +175,9 @@ def test_every_listing_prints_json(cluster: Any, tmp_path: Path) -> None:
         "lost_jobs": [],
         "sync_copies_removed": {"node01": 0, "node02": 0},  # per node that answered
         "jobs_archived": 0,
+        "bookings_dropped": 0,  # ended over [defaults] keep_reservations ago
+        "damaged_bookings": [],
+        "bookings_left": [],
     }
     assert j("drain", "node02", "--reason", "fan") == {
         "node": "node02",

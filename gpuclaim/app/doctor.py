@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.config import Config, NodeConfig, parse_storage_url
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import NodeInventory
@@ -16,6 +16,7 @@ from gpuclaim.store import Store
 
 MAX_SKEW_S = 30.0
 MIN_PYTHON = (3, 9)
+MOUNT_FIX = "mount the shared storage at the same path on the node"
 
 
 @dataclass
@@ -44,6 +45,7 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
     """Check every node in parallel; never raises for a node's problem."""
     storage_offset = _storage_offset(store)
     store_id = _store_id(store)
+    mount_fix = _mount_fix(config)
     by_name = {n.name: n for n in config.nodes}
     outcomes = fan_out(
         list(by_name),
@@ -59,7 +61,9 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
             health.problems.append((f"not reachable: {outcome.error}", fix))
         else:
             facts, offset = outcome.value
-            health = _judge(name, facts, offset, storage_offset, outcome.seconds, store_id)
+            health = _judge(
+                name, facts, offset, storage_offset, outcome.seconds, store_id, mount_fix
+            )
             health.path = _path_to(prober, by_name[name])
         report.append(health)
     return report
@@ -72,8 +76,8 @@ def _check(config: Config, prober: NodeProber, node: NodeConfig) -> tuple[dict[s
         "env": dict(node.env),
         "timeout": config.limits.probe_timeout_s,
     }
-    if not config.storage.startswith("ssh://"):
-        args["storage"] = str(config.storage_path)  # nodes must see the shared path
+    # Nodes must see the store at that path, ssh:// storage too: jobs' wrappers use it there.
+    args["storage"] = config.store_root_on_nodes
     before = time.time()
     channel = prober.channels.to_node(node)
     facts = channel.call("doctor", args, config.limits.probe_timeout_s + 10)
@@ -88,6 +92,7 @@ def _judge(
     storage_offset: Optional[float],
     secs: float,
     store_id: Optional[str] = None,
+    mount_fix: str = MOUNT_FIX,
 ) -> NodeHealth:
     inv = NodeInventory.from_dict(facts["inventory"]) if facts.get("inventory") else None
     h = NodeHealth(
@@ -130,7 +135,7 @@ def _judge(
             h.problems.append(
                 (
                     f"storage: {h.storage}: two claim pools that never see each other",
-                    "mount the shared storage at the same path on the node",
+                    mount_fix,
                 )
             )
         elif storage.get("ok"):
@@ -139,7 +144,7 @@ def _judge(
                 h.clock_skew_s = offset - storage_offset
         else:
             h.storage = str(storage.get("error"))
-            fix = "mount the shared storage at the same path on the node"
+            fix = mount_fix
             if "refuses writes" in h.storage:
                 fix = "free space on the storage (df -h) or mount it read-write (mount)"
             h.problems.append((f"storage: {h.storage}", fix))
@@ -153,6 +158,14 @@ def _judge(
             )
         )
     return h
+
+
+def _mount_fix(config: Config) -> str:
+    """How a node comes to see the store: with ssh:// storage, whose directory to mount."""
+    if config.storage.startswith("ssh://"):
+        host, root = parse_storage_url(config.storage)
+        return f"mount {host}'s {root} on the node at that same path (its jobs use the store there)"
+    return MOUNT_FIX
 
 
 def _store_id(store: Store) -> Optional[str]:

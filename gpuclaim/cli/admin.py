@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
 from gpuclaim.core.errors import ExitCode
+
+if TYPE_CHECKING:
+    from gpuclaim.engine.reservations import EndedDropped
 
 
 def gc(
@@ -19,6 +23,7 @@ def gc(
     """Remove expired and abandoned claims; set damaged claim files aside."""
     from gpuclaim.engine.claims import collect_garbage
     from gpuclaim.engine.job_records import archive_finished, load_jobs
+    from gpuclaim.engine.reservations import drop_old_bookings
     from gpuclaim.engine.sync import prune_copies
 
     st = state(ctx)
@@ -28,6 +33,7 @@ def gc(
     # your --sync copies on the nodes, once their jobs ended [run] keep_copies ago
     every_job = load_jobs(st.store, archived=True)
     copies = prune_copies(st.config, st.ops, every_job, st.user, st.store.now())
+    bookings = drop_old_bookings(st.config, st.store)  # ended [defaults] keep_reservations ago
     if quiet:
         return
     if as_json:
@@ -39,6 +45,9 @@ def gc(
                 "lost_jobs": report.lost_jobs,
                 "sync_copies_removed": copies,
                 "jobs_archived": archived,
+                "bookings_dropped": bookings.dropped,
+                "damaged_bookings": list(bookings.damaged),
+                "bookings_left": [{"file": f, "why": why} for f, why in bookings.left],
             }
         )
         return
@@ -57,8 +66,39 @@ def gc(
         console.print(f"Archived {archived} job {records} ended over a day ago")
     for u in report.corrupt:
         console.print(f"Damaged claim file for GPU {u}: moved to {st.store.root / 'corrupt'}")
-    if not (report.expired or report.incomplete or report.corrupt or report.lost_jobs or archived):
+    _print_bookings_dropped(console, bookings, st.config.limits.keep_reservations_s, st.store.root)
+    if not (
+        report.expired
+        or report.incomplete
+        or report.corrupt
+        or report.lost_jobs
+        or archived
+        or bookings.dropped
+        or bookings.damaged
+        or bookings.left
+    ):
         console.print("Nothing to collect.")
+
+
+def _print_bookings_dropped(
+    console: Any, bookings: EndedDropped, keep_s: float, root: Path
+) -> None:
+    from gpuclaim.core.durations import format_duration
+
+    if bookings.dropped:
+        plural = "booking that" if bookings.dropped == 1 else "bookings that"
+        console.print(
+            f"Dropped {bookings.dropped} {plural} ended over {format_duration(keep_s)} ago"
+            " (keep_reservations)"
+        )
+    for name in bookings.damaged:
+        where = f"reservations/ended/{name}"
+        console.print(
+            f"Damaged ended booking file {where}: moved to {root / 'corrupt'}", markup=False
+        )
+    for name, why in bookings.left:
+        where = f"reservations/ended/{name}"
+        console.print(f"Ended booking file {where} left as it is: {why}", markup=False)
 
 
 def drain(

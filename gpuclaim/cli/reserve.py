@@ -146,10 +146,19 @@ def _list(ctx: typer.Context, all_: bool, as_json: bool) -> None:
     if as_json:
         print_json([dict(b.to_dict(), state=s) for b, s in rows])
         return
-    if not rows:
+    if rows:
+        out().print(_table(rows, snap.now))
+    else:
         out().print("No bookings." if not all_ else "No bookings, past or future.")
-        return
-    out().print(_table(rows, snap.now))
+    if all_:
+        from gpuclaim.core.durations import format_duration
+
+        kept = format_duration(st.config.limits.keep_reservations_s)
+        out().print(
+            f"Ended bookings are kept {kept} ('gpuclaim gc' drops older ones;"
+            " [defaults] keep_reservations).",
+            markup=False,
+        )
 
 
 def _table(rows: list[tuple[Any, str]], now: float) -> Any:

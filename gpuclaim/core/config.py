@@ -58,6 +58,7 @@ _DEFAULT_KEYS = {
     "max_reservation",
     "reserve_ahead",
     "max_reserved_gpu_hours",
+    "keep_reservations",
 }
 _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
 DEFAULT_KEEP_COPIES_S = 7 * 86400.0
@@ -118,6 +119,7 @@ class Limits:
     max_reservation_s: float = 7 * 86400  # the longest booking
     reserve_ahead_s: float = 90 * 86400  # how far ahead a booking may start
     max_reserved_gpu_hours: float = 0.0  # per user, booked and not yet over; 0 = no limit
+    keep_reservations_s: float = 90 * 86400  # gc drops an ended booking this long after its end
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,14 @@ class Config:
     @property
     def storage_path(self) -> Path:
         return Path(self.storage).expanduser()
+
+    @property
+    def store_root_on_nodes(self) -> str:
+        """Where a node finds the store (its jobs' wrappers and queue keepers read and write
+        it there): the path, or an ``ssh://`` storage's path on its host, mounted alike."""
+        if self.storage.startswith("ssh://"):
+            return parse_storage_url(self.storage)[1]
+        return str(self.storage_path)
 
     @property
     def ssh_config_path(self) -> Optional[Path]:
@@ -367,6 +377,7 @@ def _limits(table: dict[str, Any]) -> Limits:
         max_reservation_s=_duration(table, "max_reservation", base.max_reservation_s),
         reserve_ahead_s=_duration(table, "reserve_ahead", base.reserve_ahead_s),
         max_reserved_gpu_hours=_number(table, "max_reserved_gpu_hours"),
+        keep_reservations_s=_duration(table, "keep_reservations", base.keep_reservations_s),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional
 
-from gpuclaim.core.config import Config, NodeConfig, WorkEnv, parse_storage_url
+from gpuclaim.core.config import Config, NodeConfig, WorkEnv
 from gpuclaim.core.errors import ConflictError, GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import Claim, Job, JobRank
@@ -206,15 +206,7 @@ def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> 
 
 
 def keeper_spec(config: Config, node: str) -> dict[str, Any]:
-    return {"node": node, "store_root": _node_store_root(config), "config": config.raw}
-
-
-def _node_store_root(config: Config) -> str:
-    """The store as the nodes see it: ssh:// storage is at the same path on every node."""
-    storage = config.storage
-    if storage.startswith("ssh://"):
-        return parse_storage_url(storage)[1]
-    return str(config.storage_path)
+    return {"node": node, "store_root": config.store_root_on_nodes, "config": config.raw}
 
 
 def rank_spec(
@@ -226,7 +218,7 @@ def rank_spec(
         "job": job.to_dict(),
         "rank": rank.rank,
         "session": job.session,
-        "store_root": _node_store_root(config),
+        "store_root": config.store_root_on_nodes,
         "config": config.raw,
         "node_env": dict(node.env),
         "nvidia_smi": list(node.nvidia_smi),

@@ -296,6 +296,26 @@ def ended_bookings(store: Store) -> list[tuple[Booking, dict[str, object]]]:
     return result
 
 
+@dataclass(frozen=True)
+class EndedDropped:
+    """What ``gc`` did to the ended bookings."""
+
+    dropped: int = 0  # ended over keep_reservations ago: removed
+    damaged: tuple[str, ...] = ()  # files that are no booking: moved to corrupt/
+    left: tuple[tuple[str, str], ...] = ()  # (file, why) of files it could not read or remove
+
+
+def drop_old_bookings(config: Config, store: Store) -> EndedDropped:
+    """Remove the bookings that ended over ``keep_reservations`` ago (storage clock); until
+    then ``reserve --list --all`` shows them."""
+    found = store.drop_ended_bookings(store.now() - config.limits.keep_reservations_s)
+    return EndedDropped(
+        dropped=int(found["dropped"]),
+        damaged=tuple(str(n) for n in found["damaged"]),
+        left=tuple((str(n), str(why)) for n, why in found["left"]),
+    )
+
+
 # -- settling: used, over, no-show ------------------------------------------------------------
 
 

@@ -13,9 +13,11 @@ claims after its rename — so at least one of two racing sees the other and giv
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.core.booking import Booking
@@ -27,6 +29,7 @@ from gpuclaim.store.files import (
     _link_exclusive,
     _listdir_stale_safe,
     _mkdir_shared,
+    _nonce,
     _read_stale_safe,
     _unlink_quiet,
     storage_error,
@@ -65,12 +68,9 @@ class BookingsPart(ClaimsPart):
     def _read_booking(self, booking_id: str, ended: bool = False) -> Optional[dict[str, Any]]:
         parts = (BOOKINGS_DIR, ENDED_DIR) if ended else (BOOKINGS_DIR,)
         try:
-            raw = _read_stale_safe(self._p(*parts, f"{booking_id}.json"))
-            record = json.loads(raw.decode("utf-8"))
-            Booking.from_record(record)  # only a booking that parses books anything
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return _parsed(_read_stale_safe(self._p(*parts, f"{booking_id}.json")))
+        except (OSError, *_DAMAGED):
             return None
-        return dict(record)
 
     def book(self, record: dict[str, Any]) -> None:
         """Publish a booking unless one of another booking or a live claim of someone else
@@ -156,6 +156,47 @@ class BookingsPart(ClaimsPart):
                     records.append(record)
         return records
 
+    def drop_ended_bookings(self, ended_before: float) -> dict[str, Any]:
+        """Remove the ended bookings that ended before ``ended_before`` (storage clock); set a
+        damaged file aside in ``corrupt/`` for a person to look at. ``dropped``: how many went;
+        ``damaged``: the files set aside; ``left``: ``[file, why]`` of those it could not touch."""
+        directory = self._p(BOOKINGS_DIR, ENDED_DIR)
+        try:
+            names = sorted(n for n in _listdir_stale_safe(directory) if n.endswith(".json"))
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise storage_error(self.root, exc, "read") from exc
+        result: dict[str, Any] = {"dropped": 0, "damaged": [], "left": []}
+        for name in names:
+            try:
+                outcome = self._drop_if_ended_before(directory / name, ended_before)
+            except FileNotFoundError:
+                continue  # dropped by another gc meanwhile
+            except OSError as exc:
+                if exc.errno != errno.ESTALE:
+                    result["left"].append([name, exc.strerror or str(exc)])
+                continue
+            if outcome == "dropped":
+                result["dropped"] += 1
+            elif outcome == "damaged":
+                result["damaged"].append(name)
+        return result
+
+    def _drop_if_ended_before(self, path: Path, ended_before: float) -> str:
+        """``dropped``, ``kept``, or ``damaged`` (moved to ``corrupt/``, never deleted)."""
+        try:
+            record = _parsed(_read_stale_safe(path))
+            ended = float(record.get("ended") or record["end"])
+        except _DAMAGED:
+            stamp = f"{int(self.now())}.{_nonce()}"
+            os.rename(path, self._p("corrupt", f"booking-{path.stem}.{stamp}.json"))
+            return "damaged"
+        if ended >= ended_before:
+            return "kept"
+        os.unlink(path)
+        return "dropped"
+
     def _ensure_bookings_dir(self) -> None:
         # Made when first needed: a store made before bookings existed has no such directory.
         for parts in ((BOOKINGS_DIR,), (BOOKINGS_DIR, ENDED_DIR)):
@@ -170,6 +211,17 @@ class BookingsPart(ClaimsPart):
             for gpu_uuid in sorted(set(uuids)):
                 stack.enter_context(self.gpu_lock(f"book-{gpu_uuid}"))
             yield
+
+
+# What a booking file that is there but not a booking raises when read (torn, hand-edited).
+_DAMAGED = (ValueError, KeyError, TypeError, UnicodeDecodeError)
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    """A booking file's record, if it is one (only a booking that parses books anything)."""
+    record = json.loads(raw.decode("utf-8"))
+    Booking.from_record(record)
+    return dict(record)
 
 
 def _which(theirs: Booking, mine: Booking) -> str:
