@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A short XDG_RUNTIME_DIR for the laptop's sockets (paths must fit in 108 bytes), for
-    every gpuclaim the test starts; the masters it holds are closed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix="gcw-", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
-    yield d
-    for master in (d / "gpuclaim-cm").glob("*"):
-        if master.name != "w":
-            subprocess.run(
-                ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
-            )
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _agents(testbed: Any) -> list[tuple[int, str]]:

@@ -196,6 +196,7 @@ class Testbed:
         self.nvml: bool = bool(info.get("nvml", False))
         # commands the nodes lack (their PATH: every system command but these)
         self.without: tuple[str, ...] = tuple(info.get("without", ()))
+        self.node_env: dict[str, dict[str, str]] = dict(info.get("node_env", {}))
         self.user: str = info.get("user") or pwd.getpwuid(os.getuid()).pw_name
         self.ports: dict[str, int] = {k: int(v) for k, v in info.get("ports", {}).items()}
         self.proxy_ports: dict[str, int] = {
@@ -217,6 +218,10 @@ class Testbed:
 
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
+
+    def home_of(self, name: str) -> Path:
+        """The node's sessions' HOME."""
+        return Path(self.node_env.get(name, {}).get("HOME") or self.node_dir(name) / "home")
 
     def log_path(self, name: str) -> Path:
         """The node's sshd log (``-E``); the jump host logs at DEBUG1."""
@@ -245,10 +250,13 @@ class Testbed:
         jump: bool = False,
         nvml: bool = False,
         without: tuple[str, ...] = (),
+        node_env: Optional[dict[str, dict[str, str]]] = None,
     ) -> Testbed:
         """Start ``n`` nodes of ``gpus`` GPUs each; a failure tears down what it started.
         With ``nvml``, the nodes' Python also finds the simulated GPUs' NVML face as
-        ``pynvml`` (a node with a driver); else they have only ``nvidia-smi``."""
+        ``pynvml`` (a node with a driver); else they have only ``nvidia-smi``. ``node_env``
+        sets more of a node's sessions' environment, by node (``HOME``: a home elsewhere,
+        made with its ``.bashrc``)."""
         if n < 1 or gpus < 0 or delay_ms < 0:
             raise TestbedError(f"bad testbed size: n={n} gpus={gpus} delay_ms={delay_ms}")
         require_tools()
@@ -266,6 +274,7 @@ class Testbed:
             "delay_ms": delay_ms,
             "nvml": nvml,
             "without": list(without),
+            "node_env": node_env or {},
             "user": pwd.getpwuid(os.getuid()).pw_name,
             "created_by": os.getpid(),
         }
@@ -312,7 +321,9 @@ class Testbed:
             for sub in ("home", "run"):
                 (self.node_dir(name) / sub).mkdir(parents=True, exist_ok=True)
             # bash reads ~/.bashrc for `ssh host cmd`; a per-node HOME keeps root's rc out
-            (self.node_dir(name) / "home" / ".bashrc").write_text("# testbed node home\n")
+            home = self.home_of(name)
+            home.mkdir(parents=True, exist_ok=True)
+            (home / ".bashrc").write_text("# testbed node home\n")
         self._write_state()
         smi = self.dir / "bin" / "nvidia-smi"
         shutil.copyfile(FAKE_SMI, smi)
@@ -387,6 +398,7 @@ class Testbed:
             "TMUX_TMPDIR": str(ndir / "run"),
             "HOME": str(ndir / "home"),
             "PATH": f"{self.dir / 'bin'}:{self.dir / 'sysbin' if self.without else SYSTEM_PATH}",
+            **self.node_env.get(name, {}),
         }
         if self.nvml:
             node_env["PYTHONPATH"] = str(self.dir / "nvml")
@@ -728,6 +740,31 @@ class Testbed:
         with contextlib.suppress(FileNotFoundError):
             (self.node_dir(name) / "sshd.pid").unlink()
 
+    def node_processes(self, name: str) -> set[int]:
+        """The node's sshd, its sessions, and every process started on the node (they carry
+        its ``GPUCLAIM_NODE``: warm agents, queue keepers, tmux servers, jobs)."""
+        pid = self.read_pids().get(name, (0, ""))[0]
+        table = _process_table()
+        found = {pid} | _descendants([pid], table) if pid and self._owned(pid) else set()
+        markers = {f"GPUCLAIM_NODE={name}".encode(), f"GPUCLAIM_TESTBED={self.dir}".encode()}
+        for other in table:
+            if markers <= set(_read_proc(other, "environ").split(b"\0")):
+                found.add(other)
+        return found - _self_and_ancestors()
+
+    def freeze_node(self, name: str) -> set[int]:
+        """Stop (SIGSTOP) the node's sshd and every process of it: a node that hangs (a
+        soft lockup, a hung NFS mount), its TCP connections open; ``thaw_node`` resumes."""
+        frozen = self.node_processes(name)
+        for pid in frozen:
+            _kill(pid, signal.SIGSTOP)
+        self.info.setdefault("frozen", {})[name] = sorted(frozen)
+        return frozen
+
+    def thaw_node(self, name: str) -> None:
+        for pid in self.info.get("frozen", {}).pop(name, []):
+            _kill(pid, signal.SIGCONT)
+
     def start_node(self, name: str) -> None:
         """Start the node's sshd again on the same port (a no-op when it runs)."""
         if name not in self.hosts:
@@ -757,6 +794,8 @@ class Testbed:
     def down(self) -> None:
         """Stop everything this testbed started and remove its directory; idempotent."""
         started = time.monotonic()
+        for name in list(self.info.get("frozen", {})):
+            self.thaw_node(name)  # a stopped tmux server would not answer kill-server
         if not self.dir.exists():
             self._wait_dead(list(self._children), 1)
             return

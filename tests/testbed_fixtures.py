@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Optional, Protocol
 
 import pytest
 from testbed import MissingTool, Testbed
@@ -27,6 +29,7 @@ class MakeTestbed(Protocol):
         jump: bool = False,
         nvml: bool = False,
         without: tuple[str, ...] = (),
+        node_env: Optional[dict[str, dict[str, str]]] = None,
     ) -> Testbed: ...
 
 
@@ -42,9 +45,18 @@ def make_testbed() -> Iterator[MakeTestbed]:
         jump: bool = False,
         nvml: bool = False,
         without: tuple[str, ...] = (),
+        node_env: Optional[dict[str, dict[str, str]]] = None,
     ) -> Testbed:
         try:
-            tb = Testbed.up(n, gpus=gpus, delay_ms=delay_ms, jump=jump, nvml=nvml, without=without)
+            tb = Testbed.up(
+                n,
+                gpus=gpus,
+                delay_ms=delay_ms,
+                jump=jump,
+                nvml=nvml,
+                without=without,
+                node_env=node_env,
+            )
         except MissingTool as exc:
             missing = str(exc)
         else:
@@ -89,3 +101,18 @@ def wrap_sshd(monkeypatch: pytest.MonkeyPatch, directory: Path, prefixes: dict[s
     wrapper.write_text(f'#!/bin/sh\ncase "$*" in\n{cases}esac\nexec {sshd} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short private XDG_RUNTIME_DIR for the laptop's sockets, for every gpuclaim the test
+    starts (the SSH masters there are the test's own); they are closed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="gcw-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    yield d
+    for master in (d / "gpuclaim-cm").glob("*"):
+        if master.name != "w":
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
+            )
+    shutil.rmtree(d, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from gpuclaim.core.errors import GpuclaimError
@@ -39,11 +40,54 @@ def host_lock_dir() -> Path:
     return data_dir() / "locks"
 
 
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes on Linux, one of them the NUL
+
+
+def socket_fits(directory: Path, name_bytes: int) -> bool:
+    """Whether a socket named with ``name_bytes`` bytes fits in ``directory`` (counted in
+    bytes, as the kernel does: a home with non-ASCII letters is longer than it looks)."""
+    return len(os.fsencode(str(directory))) + 1 + name_bytes <= SUN_PATH_MAX
+
+
+def socket_dir(
+    preferred: list[Path],
+    name_bytes: int,
+    tag: str,
+    use: str,
+    error: type[GpuclaimError] = GpuclaimError,
+) -> Path:
+    """The first of ``preferred`` where a socket name of ``name_bytes`` bytes fits and that
+    can be made private, else a short private directory in the temp dir, named by ``tag``,
+    the user and the home (two homes of one user, as on a test machine, keep apart)."""
+    for path in preferred:
+        if socket_fits(path, name_bytes):
+            try:
+                return private_dir(path, use, error)
+            except (OSError, GpuclaimError):
+                continue  # e.g. someone else's XDG_RUNTIME_DIR after su: the fallback
+    import zlib  # builtin, cheap; only on the fallback path
+
+    home = f"{zlib.crc32(os.fsencode(str(Path.home()))):08x}"
+    name = f"gpuclaim-{tag}-{os.getuid()}-{home}"
+    bases = [os.environ.get("TMPDIR") or "/tmp", "/tmp"]
+    for base in dict.fromkeys(bases):
+        path = Path(base) / name
+        if socket_fits(path, name_bytes):
+            return private_dir(path, use, error)
+    raise error(f"no directory short enough for {use} (TMPDIR={bases[0]})")
+
+
 def private_dir(path: Path, use: str, error: type[GpuclaimError] = GpuclaimError) -> Path:
     """``path``, made 0700 if missing, for sockets only this user may reach: refused when
-    someone else owns it, made private again when it is ours but open."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
+    someone else owns it or it is not a plain directory (a link put in a shared /tmp), made
+    private again when it is ours but open."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"cannot make {path} for {use}: {exc.strerror or exc}") from None
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise error(f"{path} is not a directory: not using it for {use}")
     if info.st_uid != os.getuid():
         raise error(f"{path} belongs to someone else: not using it for {use}")
     if info.st_mode & 0o077:

@@ -19,7 +19,7 @@ from gpuclaim.core.errors import (
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, ended
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.engine.job_records import finish_rank, load_jobs
 from gpuclaim.engine.placement import (
@@ -407,7 +407,7 @@ def _finish_lost_jobs(store: Store, snap: Snapshot) -> list[str]:
         if alive:
             continue
         for r in job.ranks:
-            if r.state not in ("succeeded", "failed", "killed", "timeout", "lost"):
+            if not ended(r.state):
                 finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
         lost.append(job.name)
     return lost

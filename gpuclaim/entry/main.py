@@ -247,7 +247,7 @@ def _quiet_libraries(debug: bool) -> None:
     import threading
 
     if debug:
-        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+        logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(name)s: %(message)s")
         return
     logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" stderr handler
     warnings.simplefilter("ignore")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from gpuclaim.core.errors import GpuclaimError
-from gpuclaim.core.paths import private_dir
+from gpuclaim.core.paths import socket_dir
 from gpuclaim.node.agent import handle
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
@@ -37,25 +37,28 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 START_WAIT_S = 5.0  # serve-ensure waits this long for a server it started
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
+# The socket's name may use this many bytes: the directory is chosen for it, whatever the
+# version (a socket path holds 107 bytes; agent-0.1.0-<12 hex>.sock is 29; longer ones
+# are shortened to 32).
+_NAME_MAX = 40
 
 
 def runtime_dir() -> Path:
-    """Private to this user: the runtime dir when there is one, else under the home."""
+    """Private to this user: the runtime dir when there is one, else under the home, else
+    (a path too long for a socket in it) a short one in /tmp, one per user and home."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "gpuclaim" if xdg and Path(xdg).is_dir() else None
-    if base is None:
-        base = Path.home() / ".cache" / "gpuclaim" / "run"
-    if len(str(base)) > _MAX_SOCKET_PATH - 40:
-        import hashlib  # rare; its OpenSSL load costs a first look 3 ms
-
-        home = hashlib.sha1(str(Path.home()).encode()).hexdigest()[:8]
-        base = Path("/tmp") / f"gpuclaim-{os.getuid()}-{home}"  # one per home, as above
-    return private_dir(base, "the warm agent's socket")
+    preferred = [Path(xdg) / "gpuclaim"] if xdg and Path(xdg).is_dir() else []
+    preferred.append(Path.home() / ".cache" / "gpuclaim" / "run")
+    return socket_dir(preferred, _NAME_MAX, "run", "the warm agent's socket")
 
 
 def socket_path(version: str) -> Path:
-    return runtime_dir() / f"agent-{version}.sock"
+    name = f"agent-{version}.sock"
+    if len(name.encode()) > _NAME_MAX:  # a long local version: its name stays in budget
+        import zlib
+
+        name = f"agent-{zlib.crc32(version.encode()):08x}-{version[-12:]}.sock"
+    return runtime_dir() / name
 
 
 def greeting(version: str) -> dict[str, Any]:

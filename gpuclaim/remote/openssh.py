@@ -14,14 +14,14 @@ import os
 import selectors
 import shutil
 import subprocess
-import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Optional
 
 from gpuclaim.core.errors import UnreachableError
-from gpuclaim.core.paths import private_dir
+from gpuclaim.core.paths import socket_dir
 from gpuclaim.remote.ssh import CommandResult
 from gpuclaim.remote.ssh_messages import describe_ssh_failure
 
@@ -29,14 +29,21 @@ PERSIST = "10m"
 log = logging.getLogger(__name__)
 
 
+# The longest socket name made in the control directory: ``%C`` (a SHA-1, 40 hex digits)
+# and the ".XXXXXXXXXXXXXXXX" that ssh appends while it creates a master's socket (mux.c).
+# The warm agents' forwarded sockets (remote.warm, "w/w-<12>-<12>.sock") are shorter.
+MASTER_NAME_BYTES = 40 + 17
+
+
 def control_dir() -> Path:
-    """Where the master sockets live: private, and short, because a unix socket path must
-    fit in 108 bytes and ``%C`` adds a 40-character hash."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
-    path = base / "gpuclaim-cm"
-    if len(str(path)) > 60:
-        path = Path(tempfile.gettempdir()) / f"gpuclaim-cm-{os.getuid()}"
-    return private_dir(path, "ssh sockets", UnreachableError)
+    """Where the master sockets live: private, and short enough for the longest socket in
+    it (108 bytes with its NUL), else a short private directory in /tmp."""
+    home_cache = Path.home() / ".cache" / "gpuclaim-cm"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    preferred = [Path(xdg) / "gpuclaim-cm"] if xdg and Path(xdg).is_dir() else []
+    return socket_dir(
+        [*preferred, home_cache], MASTER_NAME_BYTES, "cm", "ssh sockets", UnreachableError
+    )
 
 
 class OpenSshPool:
@@ -47,7 +54,12 @@ class OpenSshPool:
         if binary is None:
             raise UnreachableError('ssh_client = "openssh" needs the ssh binary (openssh-client)')
         self.control_dir = control_dir()
+        self.ssh_config_path = ssh_config_path
         self.connect_timeout = max(1, round(connect_timeout))
+        # A master whose node stops answering (a frozen kernel, a stopped sshd) exits after
+        # about two intervals without a word from it, so neither this command nor the next
+        # waits on it for the whole deadline: its requests fail, the next connects afresh.
+        alive_s = max(1, self.connect_timeout // 2)
         self.base = [
             binary,
             "-o",
@@ -59,6 +71,10 @@ class OpenSshPool:
             "-o",
             f"ConnectTimeout={self.connect_timeout}",
             "-o",
+            f"ServerAliveInterval={alive_s}",
+            "-o",
+            "ServerAliveCountMax=1",
+            "-o",
             "BatchMode=yes",
             "-o",
             "LogLevel=ERROR",
@@ -69,16 +85,16 @@ class OpenSshPool:
     def run(
         self, alias: str, command: str, stdin: Optional[bytes] = None, timeout: float = 30.0
     ) -> CommandResult:
-        try:
-            proc = subprocess.run(
-                [*self.base, "--", alias, command],
-                input=stdin or b"",
-                capture_output=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
-        return self._result(alias, proc.returncode, proc.stdout, proc.stderr)
+        proc = subprocess.Popen(
+            [*self.base, "--", alias, command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        with _MasterWatch(self, alias, proc, timeout) as watch:
+            stdout, stderr = proc.communicate(stdin or b"", timeout=timeout)
+        watch.raise_if_fired()
+        return self._result(alias, proc.returncode, stdout, stderr)
 
     def _result(self, alias: str, code: int, stdout: bytes, stderr: bytes) -> CommandResult:
         if code == 255:  # ssh's own failure, not the command's
@@ -105,7 +121,7 @@ class OpenSshPool:
             stderr=subprocess.PIPE,
             bufsize=0,
         )
-        try:
+        with _MasterWatch(self, alias, proc, timeout) as watch:
             assert proc.stdin is not None and proc.stdout is not None
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(first)
@@ -114,18 +130,25 @@ class OpenSshPool:
             more = then(line + newline) if newline else None  # None: that was the answer
             left = max(0.1, deadline - time.monotonic())
             stdout, stderr = proc.communicate(more or b"", timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            proc.kill()
-            proc.wait()
-            raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        watch.raise_if_fired()
         return self._result(alias, proc.returncode, head + stdout, stderr)
 
-    def forget(self, alias: str) -> None:
-        subprocess.run([*self.base, "-O", "exit", alias], capture_output=True, timeout=10)
+    def master_alive(self, alias: str) -> bool:
+        """Whether a master to ``alias`` runs (a local request, a few ms)."""
+        try:
+            proc = subprocess.run(
+                [*self.base, "-O", "check", "--", alias], capture_output=True, timeout=2.0
+            )
+        except (subprocess.TimeoutExpired, OSError):
+            return False
+        return proc.returncode == 0
+
+    def forget(self, alias: str, timeout: float = 10.0) -> None:
+        """Close the master to ``alias`` (a local request: it answers with its node dead)."""
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run(
+                [*self.base, "-O", "exit", "--", alias], capture_output=True, timeout=timeout
+            )
 
     def close(self) -> None:
         """Masters outlive us on purpose (ControlPersist): the next call reuses them."""
@@ -167,3 +190,58 @@ def _first_line(stream: IO[bytes], deadline: float) -> bytes:
                 break
             got += part
     return got
+
+
+class _MasterWatch:
+    """One ssh request's life: at its end the process is reaped, a timeout is the node's
+    "no answer within". And while it runs: a request through a master whose node stops
+    answering sees ServerAlive close the master within a few seconds, and ssh then quietly
+    connects afresh, which waits ConnectTimeout more. So while a request runs past a second,
+    a thread looks at the master every half second: one seen up, then gone, ends the request
+    (the node judged). Quick requests, and requests with no master at all (ConnectTimeout
+    bounds those), are never looked at."""
+
+    FIRST_S = 1.0
+    EVERY_S = 0.5
+
+    def __init__(
+        self, pool: OpenSshPool, alias: str, proc: subprocess.Popen[bytes], timeout: float
+    ) -> None:
+        self.pool = pool
+        self.alias = alias
+        self.proc = proc
+        self.timeout = timeout
+        self.fired = False
+        self._done = threading.Event()
+
+    def __enter__(self) -> _MasterWatch:
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, _kind: object, exc: Optional[BaseException], _tb: object) -> None:
+        self._done.set()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise UnreachableError(f"{self.alias}: no answer within {self.timeout:.0f}s") from exc
+
+    def _watch(self) -> None:
+        seen = False
+        if self._done.wait(self.FIRST_S):
+            return
+        while not self._done.is_set():
+            alive = self.pool.master_alive(self.alias)
+            if seen and not alive and not self._done.is_set():
+                self.fired = True
+                with contextlib.suppress(OSError):
+                    self.proc.kill()
+                return
+            seen = seen or alive
+            self._done.wait(self.EVERY_S)
+
+    def raise_if_fired(self) -> None:
+        if self.fired:
+            raise UnreachableError(
+                f"{self.alias}: the node stopped answering (its SSH connection timed out)"
+            )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import socket
 import subprocess
 import time
@@ -32,6 +33,8 @@ from typing import Any, Callable, Optional
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.paths import private_dir
 from gpuclaim.remote.openssh import OpenSshPool
+
+log = logging.getLogger(__name__)
 
 OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
 
@@ -69,7 +72,9 @@ class WarmAgents:
 
     # -- paths ------------------------------------------------------------------------------
     def _key(self, alias: str) -> str:
-        return hashlib.sha1(alias.encode()).hexdigest()[:12]
+        # the ssh config too: one alias may name other hosts in two configs, as ssh's %C knows
+        where = str(self.pool.ssh_config_path or "")
+        return hashlib.sha1(f"{alias}\0{where}".encode()).hexdigest()[:12]
 
     def local_socket(self, alias: str) -> Path:
         return self._dir / f"w-{self._key(alias)}-{self.version[-12:]}.sock"
@@ -111,8 +116,8 @@ class WarmAgents:
         local = self.local_socket(alias)
         try:
             return self._ask(alias, local, request, timeout)
-        except _NotSent:
-            pass
+        except _NotSent as exc:
+            log.debug("%s: no warm agent answered (%s): the one-shot agent", alias, exc)
         # No warm agent behind the socket (yet, or any more): this request goes to the
         # one-shot agent, which starts the warm one meanwhile; the next ones go warm.
         payload = json.dumps(request).encode()
@@ -137,23 +142,46 @@ class WarmAgents:
     def _ask(self, alias: str, local: Path, request: dict[str, Any], timeout: float) -> Any:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.settimeout(timeout)
+            # The greeting is the node's "I am here": it comes within a round trip, however
+            # long the request takes. A node that stops answering is judged by it, in
+            # connect_timeout as on a fresh connection, not at the end of the deadline.
+            greeting_s = min(timeout, self.pool.connect_timeout)
+            conn.settimeout(greeting_s)
             try:
                 conn.connect(str(local))
             except OSError as exc:  # no socket yet, or its master is gone
                 raise _NotSent(str(exc)) from exc
             stream = conn.makefile("rwb")
             try:
-                stream.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
-                stream.flush()
+                # The request goes only after the greeting: never into a node that stopped
+                # answering (it would run it when it thaws, after we said it failed). It
+                # costs no round trip: the master sends nothing before the channel is open,
+                # and the agent greets as the channel opens.
                 hello = stream.readline()
-            except (ConnectionResetError, BrokenPipeError) as exc:
-                # the master took the connection, then dropped it: as with no greeting
-                raise _NoGreeting(f"the forwarded socket closed: {exc}") from exc
+            except socket.timeout as exc:
+                self._drop_master(alias, local)
+                raise UnreachableError(
+                    f"{alias}: no answer within {greeting_s:.0f}s (the node stopped answering)"
+                ) from exc
+            except ConnectionResetError:
+                hello = b""  # the master took the connection, then dropped it
             except OSError as exc:
                 raise _NotSent(str(exc)) from exc
             if not hello:
+                if not self.pool.master_alive(alias):
+                    # It was up when we connected and went while we waited: ServerAlive
+                    # found its node not answering. A fresh connection would only wait
+                    # ConnectTimeout more; the next command tries one.
+                    raise UnreachableError(
+                        f"{alias}: the node stopped answering (its SSH connection timed out)"
+                    )
                 raise _NoGreeting("the forwarded socket closed: no agent behind it")
+            try:
+                stream.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+                stream.flush()
+            except OSError as exc:
+                raise UnreachableError(f"{alias}: the agent went away: {exc}") from exc
+            conn.settimeout(timeout)
             try:
                 answer = stream.readline()
             except socket.timeout as exc:
@@ -163,6 +191,14 @@ class WarmAgents:
             return json.loads(answer)
         finally:
             conn.close()
+
+    def _drop_master(self, alias: str, local: Path) -> None:
+        """The node behind this master stopped answering: close the master (a local request)
+        and its forwarded socket, so the next command connects afresh, bounded by
+        ConnectTimeout, instead of queueing into a dead connection."""
+        self.pool.forget(alias, timeout=2.0)
+        with contextlib.suppress(OSError):
+            local.unlink()
 
     def _forward(self, alias: str, local: Path, remote: str, timeout: float) -> None:
         """Ask the SSH master to forward ``local`` to the warm agent's socket on the node."""
