@@ -254,6 +254,36 @@ async def test_over_ssh_claims_refreshes_and_a_dead_node_is_a_row(
 
 
 @pytest.mark.asyncio
+async def test_a_frozen_node_turns_unreachable_within_a_refresh_and_connect_timeout(
+    testbed, make_remote, monkeypatch, runtime
+):
+    """A node that stops answering (sshd and all its processes stopped) under an open board,
+    its warm agent reached through a live master: its row says so within one refresh plus
+    connect_timeout (5 s), the others keep refreshing, and it is back once it thaws."""
+    c = make_remote(testbed, ssh_client="openssh", connect_timeout="5s", deadline="20s")
+    app = make_app(services(c, monkeypatch, refresh_s=0.5))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.loaded.is_set(), "the first refresh", 30)
+        await until(pilot, lambda: len(board_rows(app)) == 12, "all rows", 15)
+        testbed.freeze_node("node02")
+        frozen_at = time.monotonic()
+        try:
+            await until(
+                pilot,
+                lambda: "✕ unreachable" in row_text(app, "node02", None),
+                "node02 to show as unreachable",
+                30,
+            )
+            took = time.monotonic() - frozen_at
+            assert took <= 0.5 + 5 + 1.5, f"the board took {took:.1f}s to see node02 frozen"
+            await cli(c, "claim", "--gpu", "node03:1", user="bob")
+            await until(pilot, lambda: "bob" in row_text(app, "node03", 1), "bob's claim", 15)
+        finally:
+            testbed.thaw_node("node02")
+        await until(pilot, lambda: "● free" in row_text(app, "node02", 0), "node02 back", 30)
+
+
+@pytest.mark.asyncio
 async def test_job_log_attach_and_kill_from_the_board(testbed, make_remote, monkeypatch):
     c = make_remote(testbed, kill_grace="2s", heartbeat="1s")
     script = "echo hello-from-job; i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"
