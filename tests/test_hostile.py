@@ -98,7 +98,41 @@ def test_any_config_document_loads_or_is_refused_with_the_key(raw):
     try:
         parse_config(raw)
     except ConfigError as exc:
-        assert exc.message and "\n" not in exc.message.splitlines()[0]
+        message = exc.message
+        assert message and "\n" not in message, message  # one line
+        # ... naming what it refuses: a key the document has, at any depth (as 'key' or in a
+        # dotted path 'node.n.key'), a top-level one it lacks, or the bad value itself
+        names = _keys(raw) | set(TOP_LEVEL_KEYS)
+        quoted = [f"'{k}'" for k in names] + [f"'{k}." for k in names] + [f".{k}'" for k in names]
+        quoted += [repr(k) for k in names]  # a control character is shown escaped
+        assert any(q in message for q in quoted), message
+
+
+TOP_LEVEL_KEYS = [
+    "cluster",
+    "nodes",
+    "storage",
+    "user",
+    "ssh_config",
+    "defaults",
+    "node",
+    "slack",
+    "idle",
+    "agent_command",
+    "bogus",
+]
+
+
+def _keys(value: object) -> set[str]:
+    """Every key and string value in a document, at any depth."""
+    if isinstance(value, dict):
+        found = {str(k) for k in value}
+        for child in value.values():
+            found |= _keys(child)
+        return found
+    if isinstance(value, list):
+        return set().union(*(_keys(v) for v in value)) if value else set()
+    return {value} if isinstance(value, str) else set()
 
 
 def _main(args: list[str]) -> tuple[int, str, str]:
@@ -167,16 +201,15 @@ def test_job_arguments_arrive_exactly(make_cluster, args):
     assert not marker.exists()
 
 
-_CLUSTERS: dict[int, object] = {}
+_CLUSTER: list[object] = []  # [the test's make_cluster, its cluster]
 
 
 def _shared_cluster(make_cluster):
-    # one cluster per test function (hypothesis runs the body many times)
-    key = id(make_cluster)
-    if key not in _CLUSTERS:
-        _CLUSTERS.clear()
-        _CLUSTERS[key] = make_cluster({"node01": 2}, fast=True)
-    return _CLUSTERS[key]
+    # one cluster per test function (hypothesis runs the body many times); the factory is
+    # held, not its id(): an id can be reused by the next test's factory
+    if not _CLUSTER or _CLUSTER[0] is not make_cluster:
+        _CLUSTER[:] = [make_cluster, make_cluster({"node01": 2}, fast=True)]
+    return _CLUSTER[1]
 
 
 @contextlib.contextmanager
