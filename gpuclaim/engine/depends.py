@@ -80,26 +80,38 @@ def _lookup(
 
 
 def judge(store: Store, job: Job) -> tuple[str, str]:
-    """(WAITING | READY | BROKEN, why) for a queued job's dependencies, now."""
+    """(WAITING | READY | BROKEN, why) for a queued job's dependencies, now. One broken
+    dependency decides, whatever the order they were given in: the job can never run, so it
+    is cancelled now, not once the others have ended."""
+    waiting: Optional[str] = None
     for dep in job.after:
-        if dep.array:
-            record = store.load_array(array_id=dep.id)
-            if record is None:
-                return BROKEN, f"array {dep.name} it waited for is gone"
-            result = record.get("result")
-            if not isinstance(result, dict):
-                return WAITING, f"waiting for array {dep.name}"
-            if not dep.any and not result.get("succeeded"):
-                return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
-            continue
-        data = load_job_anywhere(store, dep.id)  # ended long ago: archived
-        if data is None:
-            return BROKEN, f"job {dep.name} it waited for is gone"
-        state = str(data.get("state"))
-        if not ended(state):
-            return WAITING, f"waiting for {dep.name}"
-        if not dep.any and ended_badly(state):
-            return BROKEN, f"{dep.name} {state}"
+        verdict, why = _judge_one(store, dep)
+        if verdict == BROKEN:
+            return BROKEN, why
+        if verdict == WAITING and waiting is None:
+            waiting = why
+    return (WAITING, waiting) if waiting is not None else (READY, "")
+
+
+def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
+    if dep.array:
+        record = store.load_array(array_id=dep.id)
+        if record is None:
+            return BROKEN, f"array {dep.name} it waited for is gone"
+        result = record.get("result")
+        if not isinstance(result, dict):
+            return WAITING, f"waiting for array {dep.name}"
+        if not dep.any and not result.get("succeeded"):
+            return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
+        return READY, ""
+    data = load_job_anywhere(store, dep.id)  # ended long ago: archived
+    if data is None:
+        return BROKEN, f"job {dep.name} it waited for is gone"
+    state = str(data.get("state"))
+    if not ended(state):
+        return WAITING, f"waiting for {dep.name}"
+    if not dep.any and ended_badly(state):
+        return BROKEN, f"{dep.name} {state}"
     return READY, ""
 
 

@@ -142,6 +142,16 @@ def test_an_archived_dependency_is_judged_from_the_archive(c):
     assert judge(c.store, waiter(c, Dependency(prep.id, "prep"))) == (BROKEN, "prep failed")
 
 
+def test_one_failed_dependency_breaks_it_while_an_earlier_one_still_runs(c):
+    """--after A --after B with B failed and A running: it can never run, so it is
+    cancelled now, not once A has ended (the order they were given in does not matter)."""
+    a = c.record("alice", "a", "running")
+    b = c.record("alice", "b", "failed")
+    for deps in ((a, b), (b, a)):
+        job = waiter(c, *(Dependency(d.id, d.name) for d in deps))
+        assert judge(c.store, job) == (BROKEN, "b failed")
+
+
 def test_it_is_ready_only_once_every_dependency_succeeded(c):
     a = c.record("alice", "a", "succeeded")
     b = c.record("alice", "b", "running")
