@@ -4,10 +4,13 @@ incrementally), and what a job wrote comes back."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,11 +149,12 @@ def test_each_job_keeps_its_own_copy_and_a_change_reaches_the_next_run(c, tmp_pa
     assert _listed(c, "new")["v"] == "two"
     _wait(c, "old")
     assert c.ok("logs", "old", "-n", "0").strip().splitlines()[-1] == "one"
-    # incremental: what did not change is a hard link to the earlier copy, not a new file
+    # each copy's files are its own: no hard link between copies (a job may write in place)
     a, b = (Path(_job(c, n)["workdir"]) for n in ("old", "new"))
     assert a != b
-    assert (a / "list.py").stat().st_ino == (b / "list.py").stat().st_ino
-    assert (a / "v.txt").stat().st_ino != (b / "v.txt").stat().st_ino
+    for rel in ("list.py", "v.txt"):
+        assert (a / rel).stat().st_ino != (b / rel).stat().st_ino
+        assert (a / rel).stat().st_nlink == (b / rel).stat().st_nlink == 1
 
 
 GPUCLAIM = [sys.executable, "-m", "gpuclaim"]
@@ -179,7 +183,7 @@ def _sync_run(c, project, name, *argv):
 
 @pytest.mark.parametrize("git", [True, False], ids=["git", "no-git"])
 def test_the_next_copy_starts_from_the_spare_and_holds_exactly_the_project_now(c, tmp_path, git):
-    """The spare (hard links to the last copy, built after it) is updated in place: what the
+    """The spare (a copy of the last copy, built after it) is updated in place: what the
     project no longer has is gone from it, what the last job wrote never was in it, and the
     last job's own copy is left exactly as it was."""
     project = _project(tmp_path / "proj", git=git)
@@ -206,7 +210,7 @@ def test_the_next_copy_starts_from_the_spare_and_holds_exactly_the_project_now(c
     assert (first / "v.txt").read_text() == "one!"  # what the first job wrote, untouched
     assert (first / "result.txt").read_text() == "first job"
     assert (first / "with space.py").is_file() and (first / "sub dir/deep/x.cfg").is_file()
-    assert (first / "list.py").stat().st_ino == (second / "list.py").stat().st_ino
+    assert (first / "list.py").stat().st_ino != (second / "list.py").stat().st_ino
     # and the spare after the second copy holds the second copy's files
     spare = _wait_for_spare(c)
     listed_spare = sorted(
@@ -215,32 +219,39 @@ def test_the_next_copy_starts_from_the_spare_and_holds_exactly_the_project_now(c
     assert listed_spare == expected
 
 
+def _runs_at_once(c, project, names, argv):
+    """``run --node node01 --name NAME *argv`` for each of ``names`` at once; what each
+    one's copy started from."""
+    procs = [
+        subprocess.Popen(
+            [*GPUCLAIM, "run", "--node", "node01", "-n", "1", "--name", n, *argv],
+            cwd=project,
+            env=c.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in names
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    return {_job(c, n)["synced"]["incremental"]["node01"] for n in names}
+
+
 def test_two_runs_of_one_project_at_once_each_get_a_whole_copy(c, tmp_path):
-    """Both want the one spare: one takes it, the other copies against --link-dest."""
+    """Both want the one spare: one takes it, the other starts from a copy of the newest
+    copy, made on the node."""
     project = _project(tmp_path / "proj")
     _sync_run(c, project, "warm", "true")
     for rounds in range(3):
         _wait_for_spare(c)
         (project / "v.txt").write_text(f"round {rounds}")
         names = [f"r{rounds}a", f"r{rounds}b"]
-        procs = [
-            subprocess.Popen(
-                [*GPUCLAIM, "run", "--node", "node01", "-n", "1", "--name", n, *LIST_SYNCED],
-                cwd=project,
-                env=c.env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for n in names
-        ]
-        for proc in procs:
-            _, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err
-        # one takes the spare; the other copies with --link-dest, or takes the spare the
-        # first one's copy left if it comes that much later
-        starts = {_job(c, n)["synced"]["incremental"]["node01"] for n in names}
-        assert starts <= {"spare", "link-dest"}, starts
+        # one takes the spare; the other starts from a copy of the newest copy, or takes the
+        # spare the first one's copy left if it comes that much later
+        starts = _runs_at_once(c, project, names, LIST_SYNCED)
+        assert starts <= {"spare", "previous"}, starts
         for n in names:
             listed = _listed(c, n)
             assert listed["files"] == EXPECTED and listed["v"] == f"round {rounds}"
@@ -273,7 +284,190 @@ def test_of_two_syncs_taking_the_spare_at_once_exactly_one_gets_it(tmp_path, mon
     assert sorted(t["spare"] for t in targets) == [False] * 5 + [True]
     taker = next(t for t in targets if t["spare"])
     assert (Path(taker["dest"]) / "pkg" / "a.py").read_text() == "a"
-    assert all(t["link_dest"] for t in targets if not t["spare"])
+    assert all(t["previous"] for t in targets if not t["spare"])
+    for t in targets:  # each its own file, the takers' from the spare, the others' copied
+        copied = Path(t["dest"]) / "pkg" / "a.py"
+        assert copied.read_text() == "a" and copied.stat().st_nlink == 1
+
+
+# A job that writes synced files in place: appends to one, overwrites the first byte of another
+EDIT_IN_PLACE = (
+    "open('v.txt', 'a').write(' appended')\nwith open('list.py', 'r+') as fh:\n    fh.write('#')\n"
+)
+EDITED = {"v.txt": "one appended", "list.py": "#" + LIST[1:]}
+ORIGINAL = {"v.txt": "one", "list.py": LIST}
+
+
+def _copy_of(c, name, node="node01"):
+    home = c.testbed.node_dir(node) / "home"
+    return Path(str(_job(c, name)["workdir"]).replace("~", str(home), 1))
+
+
+def _assert_isolated(edited, others, spare):
+    """The editors' copies hold their own edit once; every other copy and the spare hold
+    the project as it was (the spare may leave out a file its job touched: rsync sends it);
+    no two trees share an inode."""
+    for tree in edited:
+        for rel, text in EDITED.items():
+            assert (tree / rel).read_text() == text, (tree, rel)
+    for tree in others:
+        for rel, text in ORIGINAL.items():
+            assert (tree / rel).read_text() == text, (tree, rel)
+    for rel, text in ORIGINAL.items():
+        if (spare / rel).exists():
+            assert (spare / rel).read_text() == text, ("spare", rel)
+    trees = [*edited, *others, spare]
+    for rel in (*ORIGINAL, "with space.py", "sub dir/deep/x.cfg"):
+        stats = [(t / rel).stat() for t in trees if (t / rel).exists()]
+        assert all(st.st_nlink == 1 for st in stats), (rel, [st.st_nlink for st in stats])
+        assert len({st.st_ino for st in stats}) == len(stats), rel
+
+
+def test_a_job_editing_synced_files_in_place_changes_no_other_copy_nor_the_spare(c, tmp_path):
+    """[hardening-3] One job after another (the second starts from the spare tree): the
+    second appends to a synced file and overwrites another in place; the first job's copy,
+    the spare and the next job's copy still hold the project's bytes."""
+    project = _project(tmp_path / "proj")
+    _sync_run(c, project, "first", "true")
+    assert _wait(c, "first")["state"] == "succeeded"
+    _wait_for_spare(c)
+    _sync_run(c, project, "editor", "python3", "-c", EDIT_IN_PLACE)
+    assert _job(c, "editor")["synced"]["incremental"] == {"node01": "spare"}
+    assert _wait(c, "editor")["state"] == "succeeded"
+    _wait_for_spare(c)
+    _sync_run(c, project, "third", "python3", "list.py")
+    assert _job(c, "third")["synced"]["incremental"] == {"node01": "spare"}
+    listed = _listed(c, "third")
+    assert listed["files"] == EXPECTED and listed["v"] == "one"
+    spare = _wait_for_spare(c) / "tree"
+    others = [_copy_of(c, "first"), _copy_of(c, "third")]
+    _assert_isolated([_copy_of(c, "editor")], others, spare)
+
+
+def test_concurrent_jobs_editing_synced_files_in_place_each_edit_their_own(c, tmp_path):
+    """[hardening-3] Two runs at once (one takes the spare, the other starts from a copy of
+    the previous copy), then one with the spare gone: each edits only its own files."""
+    project = _project(tmp_path / "proj")
+    _sync_run(c, project, "warm", "true")
+    assert _wait(c, "warm")["state"] == "succeeded"
+    _wait_for_spare(c)
+    names = ["edit-a", "edit-b"]
+    starts = _runs_at_once(c, project, names, ["--sync", "--", "python3", "-c", EDIT_IN_PLACE])
+    assert starts <= {"spare", "previous"}, starts
+    for n in names:
+        assert _wait(c, n)["state"] == "succeeded", c.ok("logs", n, "-n", "0")
+    spare = _wait_for_spare(c)
+    while list(spare.parent.glob(".building-*")):  # the other editor's builder, if at work
+        time.sleep(0.1)
+    shutil.rmtree(spare)  # the next run finds none: it copies the newest copy
+    _sync_run(c, project, "edit-c", "python3", "-c", EDIT_IN_PLACE)
+    assert _job(c, "edit-c")["synced"]["incremental"] == {"node01": "previous"}
+    assert _wait(c, "edit-c")["state"] == "succeeded"
+    edited = [_copy_of(c, n) for n in (*names, "edit-c")]
+    _assert_isolated(edited, [_copy_of(c, "warm")], _wait_for_spare(c) / "tree")
+
+
+def test_the_spare_is_a_copy_without_what_the_job_wrote_after_its_copy_was_whole(
+    tmp_path, monkeypatch
+):
+    """[hardening-3] The node side alone: the spare's files are new inodes with the copy's
+    bytes, modes, times and symlinks; a file written after the copy was whole is left out
+    (rsync sends it to the next copy), not copied with the job's bytes."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from gpuclaim.node import copies
+
+    key, names = "proj-0123456789", ["pkg/a.py", "ro.txt", "log.csv", "link"]
+    copy = tmp_path / ".cache" / "gpuclaim" / "sync" / key / "j-first"
+    (copy / "pkg").mkdir(parents=True)
+    (copy / "pkg" / "a.py").write_text("a")
+    (copy / "ro.txt").write_text("read only")
+    (copy / "ro.txt").chmod(0o444)
+    (copy / "log.csv").write_text("step,loss\n")
+    (copy / "link").symlink_to("pkg/a.py")
+    os.utime(copy / "pkg" / "a.py", (1_000_000_000, 1_000_000_000))
+    copies.sync_target(key, "j-first", names, reuse=True)  # its list: the copy is whole
+    time.sleep(0.05)
+    with open(copy / "log.csv", "a") as fh:  # the job appends
+        fh.write("1,0.5\n")
+    spare = Path(copies.build_spare(key, "j-first") or "") / "tree"
+    assert sorted(str(p.relative_to(spare)) for p in spare.rglob("*")) == sorted(
+        ["pkg", "pkg/a.py", "ro.txt", "link"]
+    )
+    for rel in ("pkg/a.py", "ro.txt"):
+        mine, theirs = (copy / rel).stat(), (spare / rel).stat()
+        assert (spare / rel).read_bytes() == (copy / rel).read_bytes()
+        assert theirs.st_ino != mine.st_ino and theirs.st_nlink == mine.st_nlink == 1
+        assert (theirs.st_mode, theirs.st_mtime_ns) == (mine.st_mode, mine.st_mtime_ns)
+    assert os.readlink(spare / "link") == "pkg/a.py"
+    assert (copy / "log.csv").read_text() == "step,loss\n1,0.5\n"  # the job's, untouched
+
+
+def test_a_sync_waits_for_a_live_builder_and_not_for_a_dead_one(tmp_path, monkeypatch):
+    """[hardening-3] The node side alone: with no spare but a builder at work (its lock
+    held), the sync waits and takes its spare; a builder's leftovers (no lock) are not
+    waited for: the sync copies the newest copy itself."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from gpuclaim.node import copies
+
+    key = "proj-0123456789"
+    base = tmp_path / ".cache" / "gpuclaim" / "sync" / key
+    (base / "j-first").mkdir(parents=True)
+    (base / "j-first" / "a.py").write_text("a")
+    dead = base / ".building-j-dead"
+    dead.mkdir()
+    (dead / "lock").touch()
+    started = time.monotonic()
+    target = copies.sync_target(key, "j-second", ["a.py"], reuse=True)
+    assert time.monotonic() - started < 1.0 and not target["spare"]
+    assert target["previous"] == str(base / "j-first")
+    live = base / ".building-j-live"
+    (live / "tree").mkdir(parents=True)
+    (live / "tree" / "a.py").write_text("a")
+    (live / "list").write_text("a.py")
+    with open(live / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+        def finish() -> None:
+            time.sleep(0.5)
+            live.rename(base / ".spare")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+        builder = threading.Thread(target=finish)
+        builder.start()
+        started = time.monotonic()
+        target = copies.sync_target(key, "j-third", ["a.py"], reuse=True)
+        builder.join()
+    assert target["spare"] and time.monotonic() - started >= 0.5
+    assert (base / "j-third" / "a.py").read_text() == "a"
+
+
+def test_a_file_written_while_it_is_copied_is_left_out(tmp_path):
+    """[hardening-3] A job appending to a file while the node copies it: the copy would be
+    torn, so the file is left out (rsync sends it whole); the others are copied."""
+    from gpuclaim.node.copies import copy_files
+
+    source, tree = tmp_path / "copy", tmp_path / "tree"
+    source.mkdir()
+    (source / "quiet.txt").write_text("quiet")
+    with open(source / "busy.log", "wb") as fh:
+        fh.write(os.urandom(64 << 20))
+    stop = threading.Event()
+
+    def append() -> None:
+        with open(source / "busy.log", "ab", buffering=0) as fh:
+            while not stop.is_set():
+                fh.write(b"x")
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        time.sleep(0.05)
+        copied = copy_files(source, tree, ["busy.log", "quiet.txt"])
+    finally:
+        stop.set()
+        writer.join()
+    assert copied == ["quiet.txt"]
+    assert sorted(os.listdir(tree)) == ["quiet.txt"]
 
 
 def test_a_gang_job_gets_the_copy_on_every_node(c, tmp_path):

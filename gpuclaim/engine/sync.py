@@ -1,8 +1,9 @@
 """``run --sync``: the project's files copied to every node of a job before it starts, one
-copy per job (editing code while a job runs never changes what it runs), made incrementally:
-rsync updates in place a spare tree that the node built after the previous copy (hard links
-to its files, see ``node.copies``), or, with no spare, fills a new directory with
-``--link-dest`` against the previous copy (unchanged files are hard links, not copies).
+copy per job (editing code while a job runs never changes what it runs; a job that writes a
+synced file in place changes no other job's copy), made incrementally: rsync updates in place
+a spare tree that the node copied after the previous copy (see ``node.copies``), or, with no
+spare, a new directory the node has filled with a copy of the previous copy. No two copies
+share a file (no hard links; reflinks where the node's filesystem has them).
 
 On each node the copies live in ``~/.cache/gpuclaim/sync/<project>/<job id>``; the job runs
 there. What is copied is decided on the laptop (``app.sync_plan``); how it travels is the
@@ -60,9 +61,9 @@ class TreeCopier(Protocol):
         target: dict[str, Any],
         left_out: Sequence[str] = (),
     ) -> str:
-        """Copy ``files`` under ``root`` into ``target["dest"]`` on ``node`` (hard-linking
-        what is unchanged since ``target["link_dest"]``); how it went ("rsync", "tar").
-        rsync walks ``root`` itself, leaving out ``left_out``."""
+        """Copy ``files`` under ``root`` into ``target["dest"]`` on ``node`` (rsync updates
+        what the node put there); how it went ("rsync", "tar"). rsync walks ``root`` itself,
+        leaving out ``left_out``."""
         ...
 
     def rsyncs_to(self, node: NodeConfig) -> bool:
@@ -103,9 +104,7 @@ def push_copies(
                 ops.sync_ready(node, plan.key, job_id)
             except GpuclaimError:
                 pass  # the next copy starts from scratch, as without a spare
-        start = (
-            "spare" if target.get("spare") else "link-dest" if target.get("link_dest") else "none"
-        )
+        start = "spare" if target.get("spare") else "previous" if target.get("previous") else "none"
         return how, start, copied
 
     outcomes = fan_out([n.name for n in nodes], one, COPY_DEADLINE_S)
@@ -119,7 +118,7 @@ def push_copies(
         "bytes": plan.size,
         "seconds": round(max(copied for _, _, copied in done.values()) - started, 3),
         "how": {name: how for name, (how, _, _) in done.items()},
-        # what each node's copy started from: its spare tree, --link-dest, or nothing
+        # what each node's copy started from: its spare tree, a copy of the previous one, or nothing
         "incremental": {name: start for name, (_, start, _) in done.items()},
     }
     return job_copy_dir(plan, job_id), stats

@@ -1,7 +1,7 @@
 """Copying a job's files between this machine and a node (``run --sync``, ``pull``), through
 the same SSH path as everything else: rsync over the master's connection where both ends have
-rsync (incremental: ``--link-dest`` against the project's previous copy), a tar stream over
-the SSH command channel otherwise (fabric, or a node without rsync)."""
+rsync (incremental: it updates in place a tree the node has filled with a copy of an earlier
+copy), a tar stream over the SSH command channel otherwise (fabric, or a node without rsync)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,12 @@ class TreeCopies:
         left_out: Sequence[str] = (),
     ) -> str:
         dest = str(target["dest"])
-        link = [f"--link-dest={target['link_dest']}"] if target.get("link_dest") else []
         rsync = shutil.which("rsync") is not None and bool(target.get("rsync"))
         # rsync walks the tree with what is not copied left out: a list of every file
-        # (--files-from) costs it twice the time of an incremental update
-        walk = ["--from0", "--exclude-from=-", "--exclude=.git", *link, f"{root}/"]
+        # (--files-from) costs it twice the time of an incremental update. No --link-dest:
+        # a changed file arrives as a new file renamed over the old name, an unchanged one
+        # is the node's own copy, so no two copies share a file a job may write in place.
+        walk = ["--from0", "--exclude-from=-", "--exclude=.git", f"{root}/"]
         rules = "\0".join(f"/{_literal(p)}" for p in left_out).encode("utf-8", "surrogateescape")
         if node.transport == "local":
             if rsync:
