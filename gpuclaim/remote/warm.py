@@ -159,7 +159,8 @@ class WarmAgents:
                 # and the agent greets as the channel opens.
                 hello = stream.readline()
             except socket.timeout as exc:
-                self._drop_master(alias, local)
+                # Judged for this command; the master is left alone (other requests, a long
+                # rsync, may be using it): if its node is gone, ServerAlive closes it.
                 raise UnreachableError(
                     f"{alias}: no answer within {greeting_s:.0f}s (the node stopped answering)"
                 ) from exc
@@ -191,14 +192,6 @@ class WarmAgents:
             return json.loads(answer)
         finally:
             conn.close()
-
-    def _drop_master(self, alias: str, local: Path) -> None:
-        """The node behind this master stopped answering: close the master (a local request)
-        and its forwarded socket, so the next command connects afresh, bounded by
-        ConnectTimeout, instead of queueing into a dead connection."""
-        self.pool.forget(alias, timeout=2.0)
-        with contextlib.suppress(OSError):
-            local.unlink()
 
     def _forward(self, alias: str, local: Path, remote: str, timeout: float) -> None:
         """Ask the SSH master to forward ``local`` to the warm agent's socket on the node."""
