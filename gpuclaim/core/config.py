@@ -277,7 +277,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     idle = _idle(_table(raw, "idle"))
     _no_unknown(_table(raw, "run"), {*_WORKENV_KEYS, "keep_copies", "sync_max"}, "run")
     run = _workenv(_table(raw, "run"), "run")
-    keep_copies = _duration(_table(raw, "run"), "keep_copies", DEFAULT_KEEP_COPIES_S)
+    keep_copies = _duration(_table(raw, "run"), "keep_copies", DEFAULT_KEEP_COPIES_S, "run")
     sync_max = size_setting(_table(raw, "run").get("sync_max"), "'sync_max'", 1 << 30)
     remote = [n.name for n in nodes if n.transport != "local"]
     if storage_default and remote:
@@ -403,12 +403,12 @@ def _idle(table: dict[str, Any]) -> IdlePolicy:
             raise ConfigError(f"'idle.{key}' must be true or false")
     release = table.get("release_after")
     return IdlePolicy(
-        window_s=_duration(table, "window", base.window_s),
+        window_s=_duration(table, "window", base.window_s, "idle"),
         threshold_pct=float(threshold),
         warn=bool(table.get("warn", base.warn)),
         release_after_s=None
         if release in (None, "", False)
-        else _duration(table, "release_after", 0),
+        else _duration(table, "release_after", 0, "idle"),
         release_jobs=bool(table.get("release_jobs", base.release_jobs)),
     )
 
@@ -437,7 +437,7 @@ def _slack(table: dict[str, Any]) -> SlackConfig:
         events=tuple(events),
         mentions=tuple(sorted((str(k), str(v)) for k, v in mentions.items())),
         opt_out=tuple(opt_out),
-        timeout_s=_duration(table, "timeout", 3.0),
+        timeout_s=_duration(table, "timeout", 3.0, "slack"),
     )
 
 
@@ -514,16 +514,18 @@ def _int(table: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _duration(table: dict[str, Any], key: str, default: float) -> float:
+def _duration(table: dict[str, Any], key: str, default: float, section: str = "defaults") -> float:
+    """A duration setting of ``[section]``; an error names it in full (``'slack.timeout'``)."""
     value = table.get(key)
     if value is None:
         return default
+    name = f"{section}.{key}"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"'{key}' must be a duration like \"4h\"")
+        raise ConfigError(f"'{name}' must be a duration like \"4h\"")
     try:
         return parse_duration(str(value)) if isinstance(value, str) else float(value) * 60
     except GpuclaimError as exc:
-        raise ConfigError(f"'{key}': {exc.message}") from exc
+        raise ConfigError(f"'{name}': {exc.message}") from exc
 
 
 def size_setting(value: Any, name: str, default: int) -> int:
