@@ -20,6 +20,25 @@ from gpuclaim.app.configfile import render_config
 pytest_plugins = ["testbed_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
+
+SSH_FIXTURES = {"testbed", "make_testbed", "make_remote"}
+CLI_FIXTURES = {"cluster", "make_cluster"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tiers by what a test starts, so that e.g. ``pytest -m "not ssh and not slurm"`` is a
+    quick check: ``ssh`` (real sshd nodes), ``slurm`` (a real SLURM), ``cli`` (gpuclaim in
+    processes on local simulated nodes); ``unit`` is marked by tests/unit/conftest.py."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SSH_FIXTURES:
+            item.add_marker(pytest.mark.ssh)
+        elif names & CLI_FIXTURES:
+            item.add_marker(pytest.mark.cli)
+        if item.module is not None and item.module.__name__.endswith("test_slurm_real"):
+            item.add_marker(pytest.mark.slurm)
+
+
 FAST_SMI = REPO / "tests" / "assets" / "fast-nvidia-smi.sh"
 
 
