@@ -65,6 +65,11 @@ class StoreError(GpuclaimError):
     """The shared storage cannot be read or written."""
 
 
+class IllegalTransition(StoreError):
+    """A change of a job's state that the table in core/states.py does not allow (e.g. an
+    end overwritten by another): refused, the record left as it was."""
+
+
 class StorageRefusesWrites(StoreError):
     """The storage can be read but not written: read-only, full, over quota, or not ours to
     write. Looking still works (from what can be read); acting fails with this one line."""

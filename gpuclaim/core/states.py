@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from gpuclaim.core.errors import IllegalTransition
+
 
 class GpuState(str, Enum):
     FREE = "free"
@@ -65,6 +67,31 @@ def ended_badly(state: str) -> bool:
 def never_ran(state: str) -> bool:
     """Did it end without ever running (what it waited for with --after did not succeed)."""
     return state in NEVER_RAN_STATES
+
+
+# Which job state may follow which: every change of a job's (or a rank's) state in the store
+# goes through ``check_transition``. An end is final: nothing follows it but itself. A job
+# that never ran (cancelled) can only come from the queue; one that ran never becomes it.
+_ENDS_OF_A_RUN = frozenset(FINAL_STATES) - frozenset(NEVER_RAN_STATES)
+JOB_TRANSITIONS: dict[str, frozenset[str]] = {
+    JobState.QUEUED.value: frozenset({JobState.STARTING.value, JobState.RUNNING.value})
+    | frozenset(FINAL_STATES),
+    JobState.STARTING.value: frozenset({JobState.RUNNING.value}) | _ENDS_OF_A_RUN,
+    JobState.RUNNING.value: _ENDS_OF_A_RUN,
+    **{end: frozenset() for end in FINAL_STATES},
+}
+
+
+def may_follow(old: str, new: str) -> bool:
+    """Whether a job (or rank) in ``old`` may change to ``new`` (staying is always allowed;
+    a state the table does not know, from an older or newer gpuclaim, is not judged)."""
+    return old == new or old not in JOB_TRANSITIONS or new in JOB_TRANSITIONS[old]
+
+
+def check_transition(old: str, new: str, what: str) -> None:
+    """Raise IllegalTransition naming both states when ``new`` may not follow ``old``."""
+    if not may_follow(old, new):
+        raise IllegalTransition(f"{what}: {new!r} may not follow {old!r}")
 
 
 # How each GPU state is shown (rich style names), the same in ``status`` and on the board.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import Job, JobRank, iso
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
@@ -105,13 +105,21 @@ def finish_rank(
     A failed rank asks the others to stop. Returns the job once final, else None."""
     now = store.now()
     me = job.ranks[rank]
-    result = store.update_job(
-        job_id=job.id,
-        changes={},
-        rank=rank,
-        rank_changes={"state": state, "exit_code": exit_code, "ended": iso(now)},
-    )
-    current = Job.from_dict(result["job"])
+    try:
+        result = store.update_job(
+            job_id=job.id,
+            changes={},
+            rank=rank,
+            rank_changes={"state": state, "exit_code": exit_code, "ended": iso(now)},
+        )
+        data: Optional[dict[str, Any]] = result["job"]
+    except IllegalTransition:
+        # The rank's end was recorded first (gc judged it lost): the first end stands; its
+        # claim is still given back below.
+        data = store.load_job_dict(job_id=job.id)
+    if data is None:
+        return None
+    current = Job.from_dict(data)
     if me.claim_id:
         _release_rank_claim(store, current, me)
     if state in ("failed", "timeout") and len(current.ranks) > 1 and not current.stop_requested:

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 
 
 class RankRecord:
@@ -82,12 +82,18 @@ class RankRecord:
     def _record_start(self, started: float) -> None:
         from gpuclaim.core.model import iso
 
-        self.store.update_job(
-            job_id=self.job.id,
-            changes={},
-            rank=self.rank,
-            rank_changes={"state": "running", "started": iso(started)},
-        )
+        try:
+            self.store.update_job(
+                job_id=self.job.id,
+                changes={},
+                rank=self.rank,
+                rank_changes={"state": "running", "started": iso(started)},
+            )
+        except IllegalTransition:
+            # Its end was recorded first (killed, or judged lost, while it was starting):
+            # that end stands, and the stop request it came with ends this run.
+            self._check_stop_request()
+            return
         result = self.store.update_job(
             job_id=self.job.id,
             changes={"state": "running", "started": iso(started)},

@@ -7,6 +7,7 @@ import os
 from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError, StoreError
+from gpuclaim.core.states import check_transition
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import (
     _beater,
@@ -77,6 +78,7 @@ class JobRecordsPart(StoreBase):
                 raise StoreError(f"no job record {job_id}")
             if only_from is not None and current.get("state") not in only_from:
                 return {"job": current, "applied": False}
+            _check_states(job_id, current, changes, rank, rank_changes)
             updated = dict(current, **changes)
             if rank is not None and rank_changes:
                 updated["ranks"] = [
@@ -99,3 +101,20 @@ class JobRecordsPart(StoreBase):
 
     def drop_beat(self, claim_id: str) -> None:
         _unlink_quiet(self._p("beats", _safe(claim_id)))
+
+
+def _check_states(
+    job_id: str,
+    current: dict[str, Any],
+    changes: dict[str, Any],
+    rank: Optional[int],
+    rank_changes: Optional[dict[str, Any]],
+) -> None:
+    """Every state change of a job or a rank goes through the table (core/states.py)."""
+    if "state" in changes:
+        check_transition(str(current.get("state")), str(changes["state"]), f"job {job_id}")
+    if rank is not None and rank_changes and "state" in rank_changes:
+        for r in current.get("ranks") or []:
+            if r.get("rank") == rank:
+                old = str(r.get("state", "starting"))
+                check_transition(old, str(rank_changes["state"]), f"job {job_id} rank {rank}")

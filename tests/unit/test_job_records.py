@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.model import Job, JobRank
 from gpuclaim.engine.job_records import (
     _job_outcome,
@@ -190,3 +190,25 @@ def test_load_jobs_orders_by_submission_and_skips_a_damaged_record(tmp_path: Pat
     (store.root / "jobs" / "torn.json").write_text('{"id": "torn", "name": ')
     (store.root / "jobs" / "nosubmit.json").write_text('{"id": "x", "name": "x"}')
     assert [j.id for j in load_jobs(store)] == ["a", "b"]
+
+
+def test_the_store_refuses_an_end_overwritten_and_keeps_the_record(tmp_path: Path) -> None:
+    store = new_store(tmp_path)
+    job = add_job(store, "j1", state="succeeded")
+    with pytest.raises(IllegalTransition, match="job j1: 'running' may not follow 'succeeded'"):
+        store.update_job(job_id=job.id, changes={"state": "running"})
+    assert store.load_job_dict(job_id=job.id)["state"] == "succeeded"
+    with pytest.raises(IllegalTransition, match="rank 0: 'running' may not follow 'succeeded'"):
+        store.update_job(job_id=job.id, changes={}, rank=0, rank_changes={"state": "running"})
+
+
+def test_a_late_wrapper_does_not_rewrite_a_rank_judged_lost_but_gives_its_claim_back(
+    tmp_path: Path,
+) -> None:
+    store = new_store(tmp_path)
+    job = add_job(store, "j1", ranks=2, claimed=True)
+    store.update_job(job_id=job.id, changes={}, rank=0, rank_changes={"state": "lost"})
+    assert finish_rank(store, job, 0, "succeeded", 0, "") is None  # rank 1 still runs
+    after = reload_job(store, job)
+    assert after.ranks[0].state == "lost"  # the first end stands
+    assert job.ranks[0].claim_id not in store.snapshot().claims
