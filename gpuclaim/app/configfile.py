@@ -90,13 +90,13 @@ def _key(key: str) -> str:
 def toml_module() -> Any:
     """tomllib (3.11+) or tomli; imported when a file is read, so that nodes on Python 3.9
     (which get the config as JSON from the CLI) never need it."""
-    if sys.version_info >= (3, 11):
-        import tomllib
+    if sys.version_info < (3, 11):
+        import tomli
 
-        return tomllib
-    import tomli
+        return tomli
+    import tomllib
 
-    return tomli
+    return tomllib
 
 
 # A config read early (entry: the first call's SSH sessions) and handed to the next load of

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pathspec
 
@@ -113,7 +113,7 @@ def _walk(root: Path) -> list[str]:
     """Every file under ``root`` but ``.git``, with each directory's ``.gitignore`` applied
     to what is below it, as git does."""
     found: list[str] = []
-    specs: list[tuple[str, pathspec.PathSpec]] = []
+    specs: list[tuple[str, pathspec.PathSpec[Any]]] = []
     for directory, dirs, files in os.walk(root):
         rel_dir = os.path.relpath(directory, root)
         rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
@@ -128,12 +128,12 @@ def _walk(root: Path) -> list[str]:
     return found
 
 
-def _ignored(specs: list[tuple[str, pathspec.PathSpec]], rel: str) -> bool:
+def _ignored(specs: list[tuple[str, pathspec.PathSpec[Any]]], rel: str) -> bool:
     """Whether a .gitignore above ``rel`` (a directory ends with "/") excludes it."""
     return any(spec.match_file(rel[len(base) :]) for base, spec in specs)
 
 
-def _excluded_by(spec: pathspec.PathSpec, rel: str) -> bool:
+def _excluded_by(spec: pathspec.PathSpec[Any], rel: str) -> bool:
     """``rel`` or a directory above it matches (a pattern ``wandb/`` takes all below it)."""
     parts = rel.split("/")
     return spec.match_file(rel) or any(

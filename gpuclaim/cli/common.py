@@ -101,7 +101,7 @@ class AppState:
         except GpuclaimError as exc:
             err().print(f"warning: could not start queued jobs: {exc}")
 
-    def refused(self, exc: Exception) -> None:
+    def refused(self, exc: object) -> None:
         """Say once per command that the storage refuses writes, and what that means here."""
         if not self._refusal_said:
             self._refusal_said = True

@@ -135,7 +135,7 @@ def sbatch(
 
 def _scripts(
     st: Any, jobs: list[Any], all_users: bool
-) -> tuple[dict[str, str], list[tuple[str, str]]]:
+) -> tuple[dict[str, tuple[str, Any]], list[tuple[str, str]]]:
     """{file name: (script, job)}, and (job, why) for the jobs that have no batch form. An
     array's tasks are one script (``--array``)."""
     from gpuclaim.app import slurm as se

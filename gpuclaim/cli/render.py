@@ -227,7 +227,9 @@ def _left(claim: Optional[Claim], now: float) -> str:
     return format_duration(end - now)
 
 
-def _clock(ts: float) -> str:
+def _clock(ts: Optional[float]) -> str:
+    if ts is None:
+        return "?"  # a damaged time in a record: shown as unknown, not as 1970
     when = dt.datetime.fromtimestamp(ts).astimezone()
     today = dt.datetime.now().astimezone().date()
     fmt = "%H:%M" if when.date() == today else "%a %d %b %H:%M"

@@ -288,11 +288,11 @@ def _still_connected(transport: Any, grace_s: float = 0.5) -> bool:
         if not transport.is_active():
             return False
         time.sleep(0.05)
-    return transport.is_active()
+    return bool(transport.is_active())
 
 
 def _read_all(recv: Any, deadline: float) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError()

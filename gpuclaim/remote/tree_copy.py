@@ -9,7 +9,7 @@ import io
 import shlex
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ COPY_TIMEOUT_S = 3600.0
 class TreeCopies:
     """``engine.sync.TreeCopier`` over a process's SSH pool (or this machine's filesystem)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Callable[[], CommandRunner]) -> None:
         self._pool = pool  # a callable giving the pool: opened on first use
 
     @property

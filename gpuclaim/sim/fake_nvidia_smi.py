@@ -373,7 +373,7 @@ def build_gpus(node: str, entry: dict[str, Any]) -> list[SimGpu]:
 def select(gpus: list[SimGpu], ids: Optional[list[str]]) -> list[SimGpu]:
     if ids is None:
         return gpus
-    chosen = []
+    chosen: list[SimGpu] = []
     for token in ids:
         found = [
             g
@@ -526,8 +526,8 @@ def run(argv: list[str]) -> list[str]:
         rows = [(ctx, g) for g in gpus]
         return csv_lines(opts["fields"], GPU_FIELDS, GPU_ALIASES, rows, opts["format"])
     if opts["mode"] == "apps":
-        rows = [(ctx, g, p) for g in gpus for p in g.processes if "C" in p.kind]
-        return csv_lines(opts["fields"], APP_FIELDS, APP_ALIASES, rows, opts["format"])
+        apps = [(ctx, g, p) for g in gpus for p in g.processes if "C" in p.kind]
+        return csv_lines(opts["fields"], APP_FIELDS, APP_ALIASES, apps, opts["format"])
     if opts["mode"] == "query":
         return query_xml(ctx, gpus)
     return summary(ctx, gpus, node)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 try:  # inside the package (tests) or copied alone beside it (a test node)
     from gpuclaim.sim import fake_nvidia_smi as smi
 except ImportError:  # pragma: no cover - the copied layout
-    import fake_nvidia_smi as smi  # type: ignore[no-redef]
+    import fake_nvidia_smi as smi  # type: ignore[import-not-found,no-redef]
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
