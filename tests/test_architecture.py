@@ -104,6 +104,25 @@ def test_no_hand_written_module_over_600_lines_or_class_over_300() -> None:
     assert not too_big, too_big
 
 
+# Known debt ([states]): the two functions still over a screen; the list may only shrink.
+LONG_FUNCTIONS_LEFT = {"gpuclaim.cli.jobs.run", "gpuclaim.app.slurm.migration.render_migration_md"}
+
+
+def test_no_function_over_80_lines_but_the_named_debt() -> None:
+    too_long = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text("utf-8"))
+        if GENERATED_MARK in (ast.get_docstring(tree) or ""):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
+                size = node.end_lineno - node.lineno + 1
+                if size > 80:
+                    too_long[f"{name}.{node.name}"] = size
+    assert set(too_long) <= LONG_FUNCTIONS_LEFT, too_long
+    assert set(too_long) == LONG_FUNCTIONS_LEFT, "one was shortened: take it off the list"
+
+
 def test_node_side_imports_under_isolated_python_without_site_packages() -> None:
     """What nodes run loads with ``python3 -I -S``: no third-party module comes along."""
     names = sorted(n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in NODE_SIDE)

@@ -52,24 +52,7 @@ def init(
         raise UsageError("--nodes needs at least one host")
     remote = [n for n in node_list if n not in LOCAL_NAMES]
     if storage is None:
-        if remote:
-            # No default here: this machine's own directory is a store the nodes never see.
-            if not interactive:
-                raise UsageError(
-                    "--storage is needed with remote nodes: a directory every node and this "
-                    f"machine mount at the same path, or ssh://{remote[0]}/srv/gpuclaim"
-                )
-            storage = typer.prompt(
-                "Shared storage (a directory every node mounts at this path, "
-                f"or ssh://{remote[0]}/srv/gpuclaim)"
-            )
-        else:
-            default_storage = str(paths.data_dir() / "store")
-            storage = (
-                typer.prompt("Storage directory", default=default_storage)
-                if interactive
-                else default_storage
-            )
+        storage = _ask_storage(remote, interactive)
     defaults: dict[str, object] = {}
     for key, value in (("time", default_time), ("max_time", max_time)):
         if value is not None:
@@ -86,9 +69,36 @@ def init(
         defaults=defaults,
         slack_webhook=slack_webhook,
     )
+    _write_private(target, text)
+    made = _make_store(storage, remote)
+    out().print(f"Wrote {target}{made}. Next: 'gpuclaim doctor', then 'gpuclaim status'.")
+
+
+def _ask_storage(remote: list[str], interactive: bool) -> str:
+    """The store's place when --storage was not given: asked in a terminal; with remote
+    nodes there is no default (this machine's own directory is a store they never see)."""
+    if remote:
+        if not interactive:
+            raise UsageError(
+                "--storage is needed with remote nodes: a directory every node and this "
+                f"machine mount at the same path, or ssh://{remote[0]}/srv/gpuclaim"
+            )
+        return str(
+            typer.prompt(
+                "Shared storage (a directory every node mounts at this path, "
+                f"or ssh://{remote[0]}/srv/gpuclaim)"
+            )
+        )
+    default_storage = str(paths.data_dir() / "store")
+    if not interactive:
+        return default_storage
+    return str(typer.prompt("Storage directory", default=default_storage))
+
+
+def _write_private(target: Path, text: str) -> None:
+    """The config, readable by its owner only: it may hold the Slack webhook (a secret)."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        # The file may hold the Slack webhook (a secret): readable by its owner only.
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -97,8 +107,6 @@ def init(
             f"cannot write the config {target}: {exc.strerror}",
             hint="name another file with --config or $GPUCLAIM_CONFIG",
         ) from exc
-    made = _make_store(storage, remote)
-    out().print(f"Wrote {target}{made}. Next: 'gpuclaim doctor', then 'gpuclaim status'.")
 
 
 def _make_store(storage: str, remote: list[str]) -> str:

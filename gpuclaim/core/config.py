@@ -226,25 +226,7 @@ def local_config() -> Config:
 def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     """Validate a parsed TOML document; every problem is a ConfigError naming the key."""
     _no_unknown(raw, _TOP_KEYS, "")
-    nodes_raw = raw.get("nodes", ["localhost"])
-    if not isinstance(nodes_raw, list) or not nodes_raw:
-        raise ConfigError("'nodes' must be a non-empty list of host names, e.g. [\"node01\"]")
-    node_tables = _table(raw, "node")
-    names: list[str] = []
-    for item in nodes_raw:
-        if not isinstance(item, str) or not item.strip():
-            raise ConfigError(f"'nodes' entries must be host names (strings), got {item!r}")
-        name = item.strip()
-        if name not in LOCAL_NAMES:
-            _check_node_name(name)
-        if name in names:
-            raise ConfigError(f"node {name!r} is listed twice in 'nodes'")
-        names.append(name)
-    for extra in node_tables:
-        if extra not in names:
-            raise ConfigError(f"[node.{extra}] describes a node that is not in 'nodes'")
-    nodes = tuple(_node(name, _table(node_tables, name, f"node.{name}")) for name in names)
-
+    nodes = _nodes(raw)
     storage = raw.get("storage")
     storage_default = storage is None
     if storage is None:
@@ -253,14 +235,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         raise ConfigError("'storage' must be a path or ssh://HOST/PATH")
 
     cluster = _str(raw, "cluster", "gpuclaim")
-    user = raw.get("user")
-    if user is not None:
-        if not isinstance(user, str):
-            raise ConfigError("'user' must be a string")
-        try:
-            validate_name(user, "user name")
-        except GpuclaimError as exc:
-            raise ConfigError(f"'user': {exc.message}") from exc
+    user = _user(raw.get("user"))
     ssh_config = raw.get("ssh_config")
     if ssh_config is not None and not isinstance(ssh_config, str):
         raise ConfigError("'ssh_config' must be a path")
@@ -305,6 +280,40 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         raw=raw,
         storage_default=storage_default,
     )
+
+
+def _nodes(raw: dict[str, Any]) -> tuple[NodeConfig, ...]:
+    """``nodes`` and their ``[node.NAME]`` tables: names valid, none twice, no stray table."""
+    nodes_raw = raw.get("nodes", ["localhost"])
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise ConfigError("'nodes' must be a non-empty list of host names, e.g. [\"node01\"]")
+    node_tables = _table(raw, "node")
+    names: list[str] = []
+    for item in nodes_raw:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"'nodes' entries must be host names (strings), got {item!r}")
+        name = item.strip()
+        if name not in LOCAL_NAMES:
+            _check_node_name(name)
+        if name in names:
+            raise ConfigError(f"node {name!r} is listed twice in 'nodes'")
+        names.append(name)
+    for extra in node_tables:
+        if extra not in names:
+            raise ConfigError(f"[node.{extra}] describes a node that is not in 'nodes'")
+    return tuple(_node(name, _table(node_tables, name, f"node.{name}")) for name in names)
+
+
+def _user(user: Any) -> Optional[str]:
+    if user is None:
+        return None
+    if not isinstance(user, str):
+        raise ConfigError("'user' must be a string")
+    try:
+        validate_name(user, "user name")
+    except GpuclaimError as exc:
+        raise ConfigError(f"'user': {exc.message}") from exc
+    return user
 
 
 def _node(name: str, table: dict[str, Any]) -> NodeConfig:

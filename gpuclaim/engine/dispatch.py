@@ -16,7 +16,7 @@ from gpuclaim.core.errors import (
     UsageError,
 )
 from gpuclaim.core.events import job_event
-from gpuclaim.core.model import Job, iso
+from gpuclaim.core.model import Job, JobRank, iso
 from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
@@ -38,75 +38,109 @@ def dispatch_queue(
     With ``only_node`` (a job wrapper on that node), only that node is used, locally."""
     if only_node is not None:
         config = config.seen_from(only_node)
-    ops = ops or NodeOps(config, prober)
     entries = store.queue_entries()
     if not entries:
         return []
-    view = build_view(config, store, prober=prober)
-    started: list[Job] = []
-    blocked_heads: list[Job] = []
-    blocked = False  # nothing more can start: only cancellations are left to find
-    # per array, for this pass: its tasks share their dependencies and their %K
-    verdicts: dict[str, str] = {}
-    reasons: dict[str, str] = {}
+    one_pass = _Pass(config, store, prober, ops or NodeOps(config, prober))
     for entry in entries:
+        one_pass.consider(entry)
+    return one_pass.started
+
+
+class _Pass:
+    """One pass over the queue, in order: what it started, the earlier jobs that could not
+    start (later ones must not delay them), and per array its verdict (its tasks share their
+    dependencies and their %K)."""
+
+    def __init__(self, config: Config, store: Store, prober: NodeProber, ops: NodeOps) -> None:
+        self.config = config
+        self.store = store
+        self.prober = prober
+        self.ops = ops
+        self.view = build_view(config, store, prober=prober)
+        self.started: list[Job] = []
+        self.blocked_heads: list[Job] = []
+        self.blocked = False  # nothing more can start: only cancellations are left to find
+        self.verdicts: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
+
+    def consider(self, entry: str) -> None:
         job_id = entry.split("-", 1)[1]
         group = array_of_task(job_id)
-        verdict = verdicts.get(group) if group else None
-        if verdict in (WAITING, THROTTLED) or (blocked and verdict == READY):
-            continue  # without reading its record: a pass over 1,000 tasks stays cheap
-        data = store.load_job_dict(job_id=job_id)
+        verdict = self.verdicts.get(group) if group else None
+        if verdict in (WAITING, THROTTLED) or (self.blocked and verdict == READY):
+            return  # without reading its record: a pass over 1,000 tasks stays cheap
+        data = self.store.load_job_dict(job_id=job_id)
         job = Job.from_dict(data) if data else None
         if job is None or job.state != "queued":
-            store.finish_queue_entry(name=entry)
-            continue
-        if verdict is None:
-            verdict, why = judge(store, job) if job.after else (READY, "")
-            if group:
-                verdicts[group], reasons[group] = verdict, why
-        else:
-            why = reasons.get(group or "", "")
-        if verdict == WAITING:
-            continue
-        if verdict == BROKEN:
-            cancel_queued(store, job, entry, f"never ran: {why}")
-            continue
-        if job.reservation and job.reservation not in {b.id for b in view.snapshot.bookings}:
-            cancel_queued(store, job, entry, f"never ran: its reservation {job.reservation} ended")
-            continue
-        if blocked:
-            continue
-        allowed = _backfill_nodes(config, view, blocked_heads)
+            self.store.finish_queue_entry(name=entry)
+            return
+        if not self._may_run(entry, job, group, verdict) or self.blocked:
+            return
+        allowed = _backfill_nodes(self.config, self.view, self.blocked_heads)
         if allowed is not None:
             # Its owner's open booking is theirs alone: using it delays no earlier job.
-            allowed = sorted(set(allowed) | set(_booked_room(view, job)))
+            allowed = sorted(set(allowed) | set(_booked_room(self.view, job)))
         if allowed is not None and not allowed:
-            blocked = True
-            continue
+            self.blocked = True
+            return
+        ranks = self._claim(entry, job, group, allowed)
+        if ranks is not None:
+            self._start(entry, job, ranks)
+
+    def _may_run(self, entry: str, job: Job, group: Optional[str], verdict: Optional[str]) -> bool:
+        """Whether its dependencies and booking let it run now; cancels it when they never
+        will."""
+        if verdict is None:
+            verdict, why = judge(self.store, job) if job.after else (READY, "")
+            if group:
+                self.verdicts[group], self.reasons[group] = verdict, why
+        else:
+            why = self.reasons.get(group or "", "")
+        if verdict == WAITING:
+            return False
+        if verdict == BROKEN:
+            cancel_queued(self.store, job, entry, f"never ran: {why}")
+            return False
+        bookings = {b.id for b in self.view.snapshot.bookings}
+        if job.reservation and job.reservation not in bookings:
+            reason = f"never ran: its reservation {job.reservation} ended"
+            cancel_queued(self.store, job, entry, reason)
+            return False
+        return True
+
+    def _claim(
+        self, entry: str, job: Job, group: Optional[str], allowed: Optional[list[str]]
+    ) -> Optional[list[JobRank]]:
+        """Its ranks' claims, taken; None when it cannot start now (its entry back in the
+        queue, or another dispatcher's)."""
+        store = self.store
         limit = job.array.max_running if job.array else None
-        if group and limit and running_tasks(view.snapshot, group) >= limit:
-            verdicts[group] = THROTTLED
-            continue
+        if group and limit and running_tasks(self.view.snapshot, group) >= limit:
+            self.verdicts[group] = THROTTLED
+            return None
         if not store.take_queue_entry(name=entry):
-            continue  # another dispatcher has it
+            return None  # another dispatcher has it
         try:
-            ranks = place_and_claim(config, store, job, prober, view, allowed)
+            ranks = place_and_claim(self.config, store, job, self.prober, self.view, allowed)
         except (ConflictError, NeverFitsError, UnreachableError, UsageError):
             store.return_queue_entry(name=entry)
-            blocked_heads.append(job)
-            continue
+            self.blocked_heads.append(job)
+            return None
         except GpuclaimError:
             store.return_queue_entry(name=entry)
             raise
         if group and limit and running_tasks(store.snapshot(), group) > limit:
             # Another dispatcher started one at the same moment: each claims, then counts,
             # so the later of two always sees both, and %K is never passed.
-            for r in ranks:
-                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
+            self._give_back(job, ranks)
             store.return_queue_entry(name=entry)
-            verdicts[group] = THROTTLED
-            continue
-        moved = store.update_job(
+            self.verdicts[group] = THROTTLED
+            return None
+        return ranks
+
+    def _start(self, entry: str, job: Job, ranks: list[JobRank]) -> None:
+        moved = self.store.update_job(
             job_id=job.id,
             changes={
                 "state": "starting",
@@ -115,18 +149,24 @@ def dispatch_queue(
             },
             only_from=["queued"],
         )
-        store.finish_queue_entry(name=entry)
+        self.store.finish_queue_entry(name=entry)
         if not moved["applied"]:  # killed while we placed it
-            for r in ranks:
-                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
-            continue
-        job = Job.from_dict(moved["job"])
+            self._give_back(job, ranks)
+            return
         try:
-            started.append(start_ranks(config, store, job, ops))
+            self.started.append(
+                start_ranks(self.config, self.store, Job.from_dict(moved["job"]), self.ops)
+            )
         except GpuclaimError:
-            continue  # start_ranks recorded the failure and gave the GPUs back
-        view = build_view(config, store, prober=prober, inventories=view.inventories)
-    return started
+            return  # start_ranks recorded the failure and gave the GPUs back
+        self.view = build_view(
+            self.config, self.store, prober=self.prober, inventories=self.view.inventories
+        )
+
+    def _give_back(self, job: Job, ranks: list[JobRank]) -> None:
+        for r in ranks:
+            claim_ids = [r.claim_id or ""]
+            release_claims(self.config, self.store, job.user, claim_ids=claim_ids, jobs_too=True)
 
 
 def _backfill_nodes(config: Config, view: ClusterView, heads: list[Job]) -> Optional[list[str]]:
