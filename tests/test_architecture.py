@@ -104,8 +104,9 @@ def test_no_hand_written_module_over_600_lines_or_class_over_300() -> None:
     assert not too_big, too_big
 
 
-# Known debt ([states]): the two functions still over a screen; the list may only shrink.
-LONG_FUNCTIONS_LEFT = {"gpuclaim.cli.jobs.run", "gpuclaim.app.slurm.migration.render_migration_md"}
+# Known debt ([states]): the one function still over a screen (its 40 typer options);
+# the list may only shrink.
+LONG_FUNCTIONS_LEFT = {"gpuclaim.cli.jobs.run"}
 
 
 def test_no_function_over_80_lines_but_the_named_debt() -> None:

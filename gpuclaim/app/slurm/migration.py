@@ -13,6 +13,7 @@ from gpuclaim.app.slurm.conf import DB_PASSWORD_PLACEHOLDER
 from gpuclaim.app.slurm.spec import (
     ExportOptions,
     NodeSpec,
+    Partition,
     check_nodes,
     checked_accounting,
     controller_of,
@@ -35,52 +36,8 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions, bookings
     check_nodes(nodes)
     gpu_parts = [p for p in plan_partitions(nodes) if p.gpu_type is not None]
     gres = _first_gres(nodes)
-    part = f" --partition={gpu_parts[0].name}" if gpu_parts else ""
     controller = controller_of(nodes, opts)[0] if nodes else "CONTROLLER"
-    limits = f"default {format_duration(opts.default_time_s)}, at most"
-    limits += f" {format_duration(opts.max_time_s)}; longer is refused"
-    history_note = (
-        "finished jobs, from the job-completion log"
-        if accounting == "file"
-        else "GPUs per job; `sreport` for totals"
-    )
-    mapping = (
-        (
-            "`gpuclaim claim -n 1 --time 2h`",
-            f"`salloc --gres={gres} --time=2:00:00{part}`",
-            "a shell that holds the GPU; `exit` gives it back",
-        ),
-        ("`gpuclaim shell`", f"`srun --gres={gres} --pty bash`", "a shell on a node"),
-        (
-            "`gpuclaim run -n 2 -- python train.py`",
-            "`sbatch train.sbatch`",
-            "`gpuclaim export sbatch NAME` writes the script",
-        ),
-        (
-            "`gpuclaim run --nodes 2 ...`",
-            "`sbatch`, `--nodes=2`, `srun`",
-            "the exported script does it",
-        ),
-        (
-            "`gpuclaim status`, `board`",
-            "`squeue` (jobs), `sinfo` (nodes)",
-            '`sinfo -o "%N %G %t"` shows GPUs',
-        ),
-        (
-            "`gpuclaim jobs`, `logs NAME`",
-            "`squeue --me`, `cat logs/JOBID.out`",
-            "output goes where `--output` says",
-        ),
-        ("`gpuclaim kill NAME`", "`scancel JOBID`", ""),
-        ("`gpuclaim history`", f"`{HISTORY[accounting]}`", history_note),
-        ("`--time 8h`", "`--time=8:00:00`", limits),
-        ("`run --queue`, `--wait`", "every job queues", "`squeue --start` says when yours starts"),
-        (
-            "`gpuclaim reserve -n 4 --start thu 09:00 --time 8h`",
-            "the administrator's `scontrol create reservation`; then `sbatch --reservation=NAME`",
-            "users cannot reserve on their own; `scontrol show reservation` lists them",
-        ),
-    )
+    mapping = _command_mapping(gres, gpu_parts, accounting, opts)
     table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in mapping)
     types = "\n".join(
         f"| `{p.name}` | {hostlist(list(p.nodes))} | `{p.gpu_type or 'any'}` |"
@@ -139,6 +96,58 @@ If `slurmd -C` on a node prints fewer CPUs or less memory than slurm.conf says, 
 numbers in slurm.conf: SLURM refuses a node smaller than its configuration. AutoDetect=nvml
 needs a slurmd built with NVML (Debian 12's is not: it says so and uses the File= lines).
 """
+
+
+def _command_mapping(
+    gres: str, gpu_parts: Sequence[Partition], accounting: str, opts: ExportOptions
+) -> tuple[tuple[str, str, str], ...]:
+    """The table of what a user types now, what in SLURM, and notes."""
+    part = f" --partition={gpu_parts[0].name}" if gpu_parts else ""
+    limits = f"default {format_duration(opts.default_time_s)}, at most"
+    limits += f" {format_duration(opts.max_time_s)}; longer is refused"
+    history_note = (
+        "finished jobs, from the job-completion log"
+        if accounting == "file"
+        else "GPUs per job; `sreport` for totals"
+    )
+    mapping = (
+        (
+            "`gpuclaim claim -n 1 --time 2h`",
+            f"`salloc --gres={gres} --time=2:00:00{part}`",
+            "a shell that holds the GPU; `exit` gives it back",
+        ),
+        ("`gpuclaim shell`", f"`srun --gres={gres} --pty bash`", "a shell on a node"),
+        (
+            "`gpuclaim run -n 2 -- python train.py`",
+            "`sbatch train.sbatch`",
+            "`gpuclaim export sbatch NAME` writes the script",
+        ),
+        (
+            "`gpuclaim run --nodes 2 ...`",
+            "`sbatch`, `--nodes=2`, `srun`",
+            "the exported script does it",
+        ),
+        (
+            "`gpuclaim status`, `board`",
+            "`squeue` (jobs), `sinfo` (nodes)",
+            '`sinfo -o "%N %G %t"` shows GPUs',
+        ),
+        (
+            "`gpuclaim jobs`, `logs NAME`",
+            "`squeue --me`, `cat logs/JOBID.out`",
+            "output goes where `--output` says",
+        ),
+        ("`gpuclaim kill NAME`", "`scancel JOBID`", ""),
+        ("`gpuclaim history`", f"`{HISTORY[accounting]}`", history_note),
+        ("`--time 8h`", "`--time=8:00:00`", limits),
+        ("`run --queue`, `--wait`", "every job queues", "`squeue --start` says when yours starts"),
+        (
+            "`gpuclaim reserve -n 4 --start thu 09:00 --time 8h`",
+            "the administrator's `scontrol create reservation`; then `sbatch --reservation=NAME`",
+            "users cannot reserve on their own; `scontrol show reservation` lists them",
+        ),
+    )
+    return mapping
 
 
 def _bookings_paragraph(bookings: int) -> str:
