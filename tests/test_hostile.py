@@ -72,24 +72,25 @@ JSON_VALUES = st.recursive(
 )
 
 
+TOP_LEVEL_KEYS = [
+    "cluster",
+    "nodes",
+    "storage",
+    "user",
+    "ssh_config",
+    "defaults",
+    "node",
+    "slack",
+    "idle",
+    "agent_command",
+    "bogus",
+]
+
+
 @SETTINGS
 @given(
     st.dictionaries(
-        st.sampled_from(
-            [
-                "cluster",
-                "nodes",
-                "storage",
-                "user",
-                "ssh_config",
-                "defaults",
-                "node",
-                "slack",
-                "idle",
-                "agent_command",
-                "bogus",
-            ]
-        ),
+        st.sampled_from(TOP_LEVEL_KEYS),
         JSON_VALUES,
         max_size=5,
     )
@@ -106,21 +107,6 @@ def test_any_config_document_loads_or_is_refused_with_the_key(raw):
         quoted = [f"'{k}'" for k in names] + [f"'{k}." for k in names] + [f".{k}'" for k in names]
         quoted += [repr(k) for k in names]  # a control character is shown escaped
         assert any(q in message for q in quoted), message
-
-
-TOP_LEVEL_KEYS = [
-    "cluster",
-    "nodes",
-    "storage",
-    "user",
-    "ssh_config",
-    "defaults",
-    "node",
-    "slack",
-    "idle",
-    "agent_command",
-    "bogus",
-]
 
 
 def _keys(value: object) -> set[str]:
