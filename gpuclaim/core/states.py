@@ -7,6 +7,7 @@ plain strings on the wire; the enums name them in code.
 from __future__ import annotations
 
 from enum import Enum
+from typing import NoReturn, Optional
 
 from gpuclaim.core.errors import IllegalTransition
 
@@ -36,6 +37,45 @@ class JobState(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class FaceState(str, Enum):
+    """What a GPU's row shows: its GpuState, or a face only a display has."""
+
+    FREE = "free"
+    CLAIMED = "claimed"
+    BUSY_UNCLAIMED = "busy-unclaimed"
+    STALE = "stale"
+    UNREACHABLE = "unreachable"
+    RESERVED = "reserved"
+    DRAINED = "drained"  # free, on a node that takes no new claims
+    PROBING = "probing"  # its node has not answered the board's first look yet
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def unhandled(value: NoReturn) -> NoReturn:
+    """The end of an exhaustive ``if state is ...`` chain: mypy fails the build when a member
+    has no branch (``typing.assert_never``, which Python 3.9 nodes do not have)."""
+    raise AssertionError(f"unhandled state {value!r}")
+
+
+def job_state(value: str) -> Optional[JobState]:
+    """The JobState a stored or wire string names; None for one this version does not know
+    (written by a newer gpuclaim): shown as it is, never judged."""
+    try:
+        return JobState(value)
+    except ValueError:
+        return None
+
+
+def face_state(value: str) -> Optional[FaceState]:
+    """The FaceState a GPU row's state string names; None for one this version does not know."""
+    try:
+        return FaceState(value)
+    except ValueError:
+        return None
 
 
 # As values (str), so that membership works on what the store and the wire hold.
@@ -94,12 +134,57 @@ def check_transition(old: str, new: str, what: str) -> None:
         raise IllegalTransition(f"{what}: {new!r} may not follow {old!r}")
 
 
-# How each GPU state is shown (rich style names), the same in ``status`` and on the board.
-STATE_STYLE: dict[str, str] = {
-    GpuState.FREE.value: "green",
-    GpuState.CLAIMED.value: "yellow",
-    GpuState.BUSY_UNCLAIMED.value: "bold red",
-    GpuState.STALE.value: "magenta",
-    GpuState.UNREACHABLE.value: "dim red",
-    GpuState.RESERVED.value: "cyan",
-}
+def face_style(state: FaceState) -> str:
+    """How a GPU state is shown (a rich style name), the same in ``status`` and on the board."""
+    if state is FaceState.FREE:
+        return "green"
+    if state is FaceState.CLAIMED:
+        return "yellow"
+    if state is FaceState.BUSY_UNCLAIMED:
+        return "bold red"
+    if state is FaceState.STALE:
+        return "magenta"
+    if state is FaceState.UNREACHABLE:
+        return "dim red"
+    if state is FaceState.RESERVED:
+        return "cyan"  # free, inside someone's booking window
+    if state is FaceState.DRAINED:
+        return "dim green"
+    if state is FaceState.PROBING:
+        return "dim"
+    unhandled(state)
+
+
+def job_style(state: JobState) -> str:
+    """How a job state is shown (a rich style name) in ``jobs``, ``show`` and on the board."""
+    if state is JobState.RUNNING or state is JobState.STARTING:
+        return "green"
+    if state is JobState.QUEUED:
+        return "yellow"
+    if state is JobState.SUCCEEDED:
+        return "dim green"
+    if state is JobState.FAILED:
+        return "red"
+    if state is JobState.TIMEOUT:
+        return "magenta"
+    if state is JobState.KILLED or state is JobState.CANCELLED:
+        return "dim"
+    if state is JobState.LOST:
+        return "bold red"
+    unhandled(state)
+
+
+def style_of_face(value: str) -> str:
+    """``face_style`` for a row's state string; no style for a state this version does not know."""
+    state = face_state(value)
+    return "" if state is None else face_style(state)
+
+
+def style_of_job(value: str) -> str:
+    """``job_style`` for a job's state string; no style for a state this version does not know."""
+    state = job_state(value)
+    return "" if state is None else job_style(state)
+
+
+# Kept while the faces move to face_style (board/cells, cli/render): the GPU states' styles.
+STATE_STYLE: dict[str, str] = {s.value: face_style(FaceState(s.value)) for s in GpuState}
