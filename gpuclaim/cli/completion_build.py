@@ -23,12 +23,17 @@ def build_spec(app: Any) -> dict[str, Any]:
 
 def _command_spec(cmd: Any, ctx: Any) -> dict[str, Any]:
     import inspect
+    import typing
 
     declared: dict[str, Any] = {}
     callback = getattr(cmd.callback, "__wrapped__", None)
     if callback is not None:
+        hints = typing.get_type_hints(callback, include_extras=True)
         for name, p in inspect.signature(callback).parameters.items():
-            declared[name] = getattr(p.default, "autocompletion", None)
+            # typer's two spellings: ``x: T = Option(...)`` or ``x: Annotated[T, Option(...)]``
+            infos = [p.default, *getattr(hints.get(name), "__metadata__", ())]
+            found = (getattr(info, "autocompletion", None) for info in infos)
+            declared[name] = next((c for c in found if c is not None), None)
     options, args = [], []
     for param in cmd.get_params(ctx):
         if getattr(param, "hidden", False):

@@ -6,155 +6,72 @@ import os
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from gpuclaim.cli import completion
+from gpuclaim.cli import run_flags as flags
 from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
-from gpuclaim.cli.files import absolute_workdir, sync_request, typed_in
+from gpuclaim.cli.files import typed_in
 from gpuclaim.cli.follow import FirstRead, flush_stdout, follow_log, write_out
-from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
+from gpuclaim.core.states import JobState
 
 
 def run(
     ctx: typer.Context,
-    command: list[str] = typer.Argument(..., metavar="-- CMD [ARG]...", show_default=False),
-    count: Optional[int] = typer.Option(
-        None, "-n", "--count", min=1, help="GPUs (per node) [default: 1, or the project's]."
-    ),
-    nodes: Optional[int] = typer.Option(
-        None, "--nodes", min=1, help="Nodes, for a gang job (torchrun)."
-    ),
-    node: Optional[str] = typer.Option(
-        None, "--node", help="Run on this node.", autocompletion=completion.complete_nodes
-    ),
-    name: Optional[str] = typer.Option(None, "--name", help="Job name (unique among yours)."),
-    time_: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: 30m, 8h, 2d."),
-    workdir: Optional[str] = typer.Option(
-        None,
-        "--workdir",
-        "-C",
-        help="Directory to run in (default: this one, if the node has it; else the home there).",
-    ),
-    venv: Optional[str] = typer.Option(
-        None, "--venv", metavar="PATH", help="A Python venv on the node (relative: to the workdir)."
-    ),
-    conda: Optional[str] = typer.Option(
-        None, "--conda", metavar="ENV", help="A conda env on the node (conda, mamba or micromamba)."
-    ),
-    sync: Optional[bool] = typer.Option(
-        None,
-        "--sync/--no-sync",
-        help="Copy this directory to the job's nodes first, as .gitignore says; the job runs "
-        "in its own copy. --no-sync: not even if the project file says sync = true.",
-    ),
-    sync_dir: Optional[str] = typer.Option(
-        None, "--sync-dir", metavar="DIR", help="--sync, of DIR instead of this directory."
-    ),
-    env: Optional[list[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Env var."),
-    uuids: bool = typer.Option(False, "--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs."),
-    queue: bool = typer.Option(False, "--queue", help="Queue it if the GPUs are busy; return."),
-    wait: bool = typer.Option(False, "--wait", help="Queue it and wait until it starts."),
-    follow: bool = typer.Option(
-        False,
-        "-f",
-        "--follow",
-        help="Then print its output until it ends; exit with its exit code.",
-    ),
-    array: Optional[str] = typer.Option(
-        None,
-        "--array",
-        metavar="SPEC",
-        help="One task per index, as SLURM writes it: 0-95, 1,3,5-7, 0-10:2; %K: at most K "
-        "at once. Each task has GPUCLAIM_ARRAY_INDEX.",
-    ),
-    sweep: Optional[Path] = typer.Option(
-        None,
-        "--sweep",
-        metavar="FILE",
-        help="One task per line of FILE: its words (shell quoting) are added to the command.",
-    ),
-    max_running: Optional[int] = typer.Option(
-        None, "--max-running", min=1, metavar="K", help="An array or sweep: at most K at once."
-    ),
-    after: Optional[list[str]] = typer.Option(
-        None,
-        "--after",
-        metavar="NAME",
-        help="Start once job or array NAME succeeded (repeatable); if it fails, this is cancelled.",
-        autocompletion=completion.complete_jobs,
-    ),
-    after_any: Optional[list[str]] = typer.Option(
-        None,
-        "--after-any",
-        metavar="NAME",
-        help="Start once NAME ended, however it ended (repeatable).",
-        autocompletion=completion.complete_jobs,
-    ),
-    reservation: Optional[str] = typer.Option(
-        None,
-        "--reservation",
-        metavar="ID",
-        help="On your booking's GPUs (all, or -n of them).",
-        autocompletion=completion.complete_reservations,
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
-    quiet: bool = quiet_option(),
+    command: flags.Command,
+    count: flags.Count = None,
+    nodes: flags.Nodes = None,
+    node: flags.Node = None,
+    name: flags.Name = None,
+    time_: flags.TimeLimit = None,
+    workdir: flags.Workdir = None,
+    venv: flags.Venv = None,
+    conda: flags.Conda = None,
+    sync: flags.Sync = None,
+    sync_dir: flags.SyncDir = None,
+    env: flags.Env = None,
+    uuids: flags.Uuids = False,
+    queue: flags.Queue = False,
+    wait: flags.Wait = False,
+    follow: flags.Follow = False,
+    array: flags.Array = None,
+    sweep: flags.Sweep = None,
+    max_running: flags.MaxRunning = None,
+    after: flags.After = None,
+    after_any: flags.AfterAny = None,
+    reservation: flags.Reservation = None,
+    as_json: flags.AsJson = False,
+    quiet: flags.Quiet = False,
 ) -> None:
     """Run a command on claimed GPUs in a tmux session on a node (exit 3 if none are free,
     1 if it dies at once; with --follow, the job's own exit code)."""
-    from gpuclaim.engine.jobs import RunRequest
+    given = {key: value for key, value in locals().items() if key != "ctx"}
+    _run(ctx, flags.RunFlags(**given))
 
-    if follow and as_json:
-        raise UsageError("--follow prints the job's output, not JSON: use one of them")
-    many = array is not None or sweep is not None
-    if many and reservation:
-        raise UsageError("--reservation is for one job: an array's tasks run wherever GPUs are")
-    if many and (follow or wait):
-        raise UsageError("an array's tasks start as GPUs free up: --follow/--wait one task")
-    if max_running is not None and not many:
-        raise UsageError("--max-running is for --array or --sweep")
-    if (sync or sync_dir is not None) and workdir is not None:
-        raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+
+def _run(ctx: typer.Context, given: flags.RunFlags) -> None:
     from gpuclaim.app.project import find_project
 
+    given.check()
     here = typed_in()
     project = find_project(here)  # gpuclaim.toml or [tool.gpuclaim]: below the flags
-    flagged_env = _parse_env(env or [])
-    named = _non_empty(venv, "--venv"), _non_empty(conda, "--conda")
     st = state(ctx)
-    req = RunRequest(
-        user=st.user,
-        argv=tuple(command),
-        name=name,
-        count=count or (0 if reservation else project.gpus or 1),
-        nodes=nodes or project.nodes or 1,
-        node=node,
-        time_s=parse_duration(time_) if time_ else project.time_s,
-        workdir=absolute_workdir(workdir),
-        env=tuple(sorted({**dict(project.env), **dict(flagged_env)}.items())),
-        visible_as="uuid" if uuids else "index",
-        queue=queue or wait,
-        cwd=str(here),
-        venv=named[0] or (None if named[1] else project.venv),
-        conda=named[1] or (None if named[0] else project.conda),
-        **sync_request(sync, sync_dir, workdir, project, here, st.config.sync_max_bytes),
-        after=tuple(after or ()),
-        after_any=tuple(after_any or ()),
-        reservation=reservation,
-    )
-    if many:
+    req = flags.run_request(st, given, project, here)
+    if given.many:
         from gpuclaim.cli.arrays import array_request, submit_and_report
 
-        submit_and_report(st, array_request(req, array, sweep, max_running), as_json, quiet)
+        request = array_request(req, given.array, given.sweep, given.max_running)
+        submit_and_report(st, request, given.as_json, given.quiet)
         return
-    first = FirstRead(st) if follow else None
-    job = _submit_and_report(st, req, wait or follow, as_json, quiet, first=first)
+    first = FirstRead(st) if given.follow else None
+    job = _submit_and_report(
+        st, req, given.wait or given.follow, given.as_json, given.quiet, first=first
+    )
     if first is not None:
-        raise typer.Exit(follow_log(st, job, 0, 0, quiet, first))
+        raise typer.Exit(follow_log(st, job, 0, 0, given.quiet, first))
 
 
 def _submit_and_report(
@@ -180,9 +97,9 @@ def _submit_and_report(
     if not quiet:
         _say_where_it_runs(job)
     completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
-    if wait and job.state == "queued":
+    if wait and job.state == JobState.QUEUED:
         job = _wait_until_started(st, job, quiet)
-    if req.kind == "batch" and job.state in ("starting", "running") and not follow:
+    if req.kind == "batch" and job.state in (JobState.STARTING, JobState.RUNNING) and not follow:
         with waiting("starting the job", quiet):
             job = watch_first_moment(st.store, job)
     bad = ended_badly_at_once(job)  # failed, killed, ... or never ran: not "Started"
@@ -226,11 +143,11 @@ def _say_early_end(st: AppState, job: Any) -> None:
         return
     where = f" on {rank.node}" + (f" (rank {rank.rank})" if len(job.ranks) > 1 else "")
     code = exit_code_of(job) if ended(job.state) else (rank.exit_code or 1)
-    if rank.state == "failed" and rank.exit_code is None:
+    if rank.state == JobState.FAILED and rank.exit_code is None:
         if f" on {rank.node}" in own and len(job.ranks) == 1:
             where = ""  # the reason names the node: 'workdir /x does not exist on node01'
         head = f"job {job.name} could not start{where}: {own or 'see its log'}"
-    elif rank.state == "failed":
+    elif rank.state == JobState.FAILED:
         head = f"job {job.name} failed at once{where} (exit code {code})"
         head += f": {own}" if own else ""
     else:
@@ -266,7 +183,7 @@ def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
         while True:
             dispatch_queue(st.config, st.store, st.prober, st.ops)
             job = find_job(st.store, job.user, job.id, active_only=False)
-            if job.state != "queued":
+            if job.state != JobState.QUEUED:
                 return job
             position = queue_positions(st.store).get(job.id)
             if position != last_position:
@@ -288,15 +205,15 @@ def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
 def _print_job_started(job: Any, hints: bool = True) -> None:
     """On stdout; with ``hints`` off (run --follow, whose stdout is the job's) on stderr."""
     console = out() if hints else err()
-    if job.state == "queued" and job.after:
+    if job.state == JobState.QUEUED and job.after:
         names = ", ".join(d.name for d in job.after)
         console.print(f"Queued {job.name}: it starts after {names} (gpuclaim jobs).")
         return
-    if job.state == "queued":
+    if job.state == JobState.QUEUED:
         console.print(f"Queued {job.name}: it starts when its GPUs are free (gpuclaim jobs).")
         return
     where = "; ".join(f"{r.node} GPU {','.join(map(str, r.gpus))}" for r in job.ranks)
-    if job.state == "succeeded":  # it was done within its first moment
+    if job.state == JobState.SUCCEEDED:  # it was done within its first moment
         console.print(f"Ran {job.name} on {where}: it succeeded at once.")
         if hints:
             console.print(f"  logs:   gpuclaim logs {job.name}")
@@ -420,7 +337,7 @@ def attach(
 
     st = state(ctx, looking=True)
     job = _find_one(st, name)
-    if job.state not in ("running", "starting"):
+    if job.state not in (JobState.RUNNING, JobState.STARTING):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
     if rank >= len(job.ranks):
         ranks = f"{len(job.ranks)} rank" + ("s" if len(job.ranks) != 1 else "")
@@ -477,27 +394,6 @@ def _find_one(st: AppState, name: str) -> Any:
         return find_job(st.store, st.user, name)
     except GpuclaimError as exc:
         raise array_instead(st, name, exc) from None
-
-
-def _non_empty(value: Optional[str], flag: str) -> Optional[str]:
-    if value is not None and not value.strip():
-        raise UsageError(f"{flag} wants a name or a path, not an empty string")
-    return value.strip() if value else None
-
-
-def _parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
-    result = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if (
-            not sep
-            or not key
-            or not (key[0].isalpha() or key[0] == "_")
-            or not all(ch.isalnum() or ch == "_" for ch in key)
-        ):
-            raise UsageError(f"--env wants NAME=VALUE with a valid variable name, got {item!r}")
-        result.append((key, value))
-    return tuple(result)
 
 
 def _exec_outside_tmux(argv: list[str]) -> None:

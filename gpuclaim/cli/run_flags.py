@@ -1,0 +1,227 @@
+"""``run``'s flags: each declared once (typer's ``Annotated`` form), gathered in one
+``RunFlags``, checked against each other, and turned into the engine's ``RunRequest``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from gpuclaim.cli import completion
+from gpuclaim.cli.files import absolute_workdir, sync_request
+from gpuclaim.core.durations import parse_duration
+from gpuclaim.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpuclaim.app.project import ProjectDefaults
+    from gpuclaim.cli.common import AppState
+    from gpuclaim.engine.jobs import RunRequest
+
+Command = Annotated[list[str], typer.Argument(metavar="-- CMD [ARG]...", show_default=False)]
+Count = Annotated[
+    Optional[int],
+    typer.Option("-n", "--count", min=1, help="GPUs (per node) [default: 1, or the project's]."),
+]
+Nodes = Annotated[
+    Optional[int], typer.Option("--nodes", min=1, help="Nodes, for a gang job (torchrun).")
+]
+Node = Annotated[
+    Optional[str],
+    typer.Option("--node", help="Run on this node.", autocompletion=completion.complete_nodes),
+]
+Name = Annotated[Optional[str], typer.Option("--name", help="Job name (unique among yours).")]
+TimeLimit = Annotated[Optional[str], typer.Option("--time", "-t", help="Time limit: 30m, 8h, 2d.")]
+Workdir = Annotated[
+    Optional[str],
+    typer.Option(
+        "--workdir",
+        "-C",
+        help="Directory to run in (default: this one, if the node has it; else the home there).",
+    ),
+]
+Venv = Annotated[
+    Optional[str],
+    typer.Option(
+        "--venv", metavar="PATH", help="A Python venv on the node (relative: to the workdir)."
+    ),
+]
+Conda = Annotated[
+    Optional[str],
+    typer.Option(
+        "--conda", metavar="ENV", help="A conda env on the node (conda, mamba or micromamba)."
+    ),
+]
+Sync = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--sync/--no-sync",
+        help="Copy this directory to the job's nodes first, as .gitignore says; the job runs "
+        "in its own copy. --no-sync: not even if the project file says sync = true.",
+    ),
+]
+SyncDir = Annotated[
+    Optional[str],
+    typer.Option("--sync-dir", metavar="DIR", help="--sync, of DIR instead of this directory."),
+]
+Env = Annotated[Optional[list[str]], typer.Option("--env", "-e", metavar="K=V", help="Env var.")]
+Uuids = Annotated[bool, typer.Option("--uuid", help="CUDA_VISIBLE_DEVICES as GPU UUIDs.")]
+Queue = Annotated[bool, typer.Option("--queue", help="Queue it if the GPUs are busy; return.")]
+Wait = Annotated[bool, typer.Option("--wait", help="Queue it and wait until it starts.")]
+Follow = Annotated[
+    bool,
+    typer.Option(
+        "-f", "--follow", help="Then print its output until it ends; exit with its exit code."
+    ),
+]
+Array = Annotated[
+    Optional[str],
+    typer.Option(
+        "--array",
+        metavar="SPEC",
+        help="One task per index, as SLURM writes it: 0-95, 1,3,5-7, 0-10:2; %K: at most K "
+        "at once. Each task has GPUCLAIM_ARRAY_INDEX.",
+    ),
+]
+Sweep = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--sweep",
+        metavar="FILE",
+        help="One task per line of FILE: its words (shell quoting) are added to the command.",
+    ),
+]
+MaxRunning = Annotated[
+    Optional[int],
+    typer.Option("--max-running", min=1, metavar="K", help="An array or sweep: at most K at once."),
+]
+After = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--after",
+        metavar="NAME",
+        help="Start once job or array NAME succeeded (repeatable); if it fails, this is cancelled.",
+        autocompletion=completion.complete_jobs,
+    ),
+]
+AfterAny = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--after-any",
+        metavar="NAME",
+        help="Start once NAME ended, however it ended (repeatable).",
+        autocompletion=completion.complete_jobs,
+    ),
+]
+Reservation = Annotated[
+    Optional[str],
+    typer.Option(
+        "--reservation",
+        metavar="ID",
+        help="On your booking's GPUs (all, or -n of them).",
+        autocompletion=completion.complete_reservations,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """What ``run`` was given, as typed: one value per flag."""
+
+    command: list[str]
+    count: Optional[int] = None
+    nodes: Optional[int] = None
+    node: Optional[str] = None
+    name: Optional[str] = None
+    time_: Optional[str] = None
+    workdir: Optional[str] = None
+    venv: Optional[str] = None
+    conda: Optional[str] = None
+    sync: Optional[bool] = None
+    sync_dir: Optional[str] = None
+    env: Optional[list[str]] = None
+    uuids: bool = False
+    queue: bool = False
+    wait: bool = False
+    follow: bool = False
+    array: Optional[str] = None
+    sweep: Optional[Path] = None
+    max_running: Optional[int] = None
+    after: Optional[list[str]] = None
+    after_any: Optional[list[str]] = None
+    reservation: Optional[str] = None
+    as_json: bool = False
+    quiet: bool = False
+
+    @property
+    def many(self) -> bool:
+        """An array or a sweep: many tasks from one command."""
+        return self.array is not None or self.sweep is not None
+
+    def check(self) -> None:
+        """Refuse flags that contradict each other, before anything is read or asked."""
+        if self.follow and self.as_json:
+            raise UsageError("--follow prints the job's output, not JSON: use one of them")
+        if self.many and self.reservation:
+            raise UsageError("--reservation is for one job: an array's tasks run wherever GPUs are")
+        if self.many and (self.follow or self.wait):
+            raise UsageError("an array's tasks start as GPUs free up: --follow/--wait one task")
+        if self.max_running is not None and not self.many:
+            raise UsageError("--max-running is for --array or --sweep")
+        if (self.sync or self.sync_dir is not None) and self.workdir is not None:
+            raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+
+
+def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: Path) -> RunRequest:
+    """The engine's request: the flags first, then the project file, then the defaults."""
+    from gpuclaim.engine.jobs import RunRequest
+
+    flagged_env = parse_env(flags.env or [])
+    venv, conda = non_empty(flags.venv, "--venv"), non_empty(flags.conda, "--conda")
+    sync: dict[str, Any] = sync_request(
+        flags.sync, flags.sync_dir, flags.workdir, project, here, st.config.sync_max_bytes
+    )
+    return RunRequest(
+        user=st.user,
+        argv=tuple(flags.command),
+        name=flags.name,
+        count=flags.count or (0 if flags.reservation else project.gpus or 1),
+        nodes=flags.nodes or project.nodes or 1,
+        node=flags.node,
+        time_s=parse_duration(flags.time_) if flags.time_ else project.time_s,
+        workdir=absolute_workdir(flags.workdir),
+        env=tuple(sorted({**dict(project.env), **dict(flagged_env)}.items())),
+        visible_as="uuid" if flags.uuids else "index",
+        queue=flags.queue or flags.wait,
+        cwd=str(here),
+        venv=venv or (None if conda else project.venv),
+        conda=conda or (None if venv else project.conda),
+        **sync,
+        after=tuple(flags.after or ()),
+        after_any=tuple(flags.after_any or ()),
+        reservation=flags.reservation,
+    )
+
+
+def non_empty(value: Optional[str], flag: str) -> Optional[str]:
+    if value is not None and not value.strip():
+        raise UsageError(f"{flag} wants a name or a path, not an empty string")
+    return value.strip() if value else None
+
+
+def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    result = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if (
+            not sep
+            or not key
+            or not (key[0].isalpha() or key[0] == "_")
+            or not all(ch.isalnum() or ch == "_" for ch in key)
+        ):
+            raise UsageError(f"--env wants NAME=VALUE with a valid variable name, got {item!r}")
+        result.append((key, value))
+    return tuple(result)
