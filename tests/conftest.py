@@ -23,14 +23,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 SSH_FIXTURES = {"testbed", "make_testbed", "make_remote"}
 CLI_FIXTURES = {"cluster", "make_cluster"}
+# What only root can set up: a tmpfs, a node's own mount or UTS namespace, other real users.
+ROOT_FIXTURES = {"small_storage", "split_testbed", "named_testbed", "group_cluster"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tiers by what a test starts, so that e.g. ``pytest -m "not ssh and not slurm"`` is a
     quick check: ``ssh`` (real sshd nodes), ``slurm`` (a real SLURM), ``cli`` (gpuclaim in
-    processes on local simulated nodes); ``unit`` is marked by tests/unit/conftest.py."""
+    processes on local simulated nodes), ``root`` (needs root: ``-m "not root"`` as a user);
+    ``unit`` is marked by tests/unit/conftest.py."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
+        if names & ROOT_FIXTURES:
+            item.add_marker(pytest.mark.root)
         if names & SSH_FIXTURES:
             item.add_marker(pytest.mark.ssh)
         elif names & CLI_FIXTURES:
