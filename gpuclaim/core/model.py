@@ -9,13 +9,83 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from enum import Enum
+from typing import Any, Optional, TypeVar
 
 # What a probe of a node returns: its own module, so that a node's first look at its GPUs
 # does not pay for defining every other dataclass here. Re-exported: they are the domain too.
 from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory, opt_int
+from gpuclaim.core.states import GpuState, JobState
 
 __all__ = ["Gpu", "GpuProcess", "NodeInventory"]
+
+
+class _Word(str, Enum):
+    """A word of the records named in code: a member == its string, json-dumps and formats
+    as it (``repr`` alone shows the member)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+_W = TypeVar("_W", bound=_Word)
+
+
+def _parsed(words: type[_W], value: str) -> Optional[_W]:
+    try:
+        return words(value)
+    except ValueError:
+        return None
+
+
+class EventType(_Word):
+    """What an event of the log records (``Event.type``). The values are what events.jsonl
+    holds; a type this version does not know (a newer gpuclaim's) is read and kept as text."""
+
+    CLAIM = "claim"
+    RELEASE = "release"
+    EXPIRE = "expire"
+    FORCE_RELEASE = "force-release"
+    EXTEND = "extend"
+    REAP = "reap"  # an abandoned claim (a damaged or lost one) collected
+    DRAIN = "drain"
+    UNDRAIN = "undrain"
+    BUSY_UNCLAIMED = GpuState.BUSY_UNCLAIMED.value  # a GPU in use without a claim
+    NODE_UNREACHABLE = "node-unreachable"
+    CLAIM_IDLE = "claim-idle"
+    CLAIM_EXPIRING = "claim-expiring"
+    JOB_QUEUED = "job-queued"
+    JOB_START = "job-start"
+    JOB_END = "job-end"
+    JOB_CANCELLED = "job-cancelled"  # it never ran: what it waited for did not succeed
+    FORCE_KILL = "force-kill"
+    ARRAY_QUEUED = "array-queued"
+    ARRAY_START = "array-start"
+    ARRAY_END = "array-end"
+    RESERVE = "reserve"
+    RESERVE_CANCEL = "reserve-cancel"
+    RESERVE_OPEN = "reserve-open"
+    RESERVE_NOSHOW = "reserve-noshow"
+    RESERVE_END = "reserve-end"
+
+
+def event_type(value: str) -> Optional[EventType]:
+    """The EventType a logged type names; None for one this version does not know."""
+    return _parsed(EventType, value)
+
+
+class JobKind(_Word):
+    """What a job is (``Job.kind``): a command, or an interactive shell or notebook. A kind
+    this version does not know (a newer gpuclaim's) is read and kept as text."""
+
+    BATCH = "batch"
+    SHELL = "shell"
+    NOTEBOOK = "notebook"
+
+
+def job_kind(value: str) -> Optional[JobKind]:
+    """The JobKind a record's kind names; None for one this version does not know."""
+    return _parsed(JobKind, value)
 
 
 def iso(ts: Optional[float]) -> Optional[str]:
@@ -131,7 +201,7 @@ class Event:
     """One line of the append-only event log (the accounting history)."""
 
     ts: float
-    type: str  # claim, release, expire, force-release, extend, drain, undrain, reap
+    type: str  # an EventType; from the log, its text (a newer gpuclaim's type is kept)
     user: str
     claim_id: Optional[str] = None
     node: Optional[str] = None
@@ -189,7 +259,7 @@ class JobRank:
     gpus: tuple[int, ...] = ()
     gpu_uuids: tuple[str, ...] = ()
     claim_id: Optional[str] = None
-    state: str = "starting"
+    state: str = JobState.STARTING
     exit_code: Optional[int] = None
     log: Optional[str] = None
     started: Optional[float] = None
@@ -226,7 +296,7 @@ class JobRank:
             gpus=tuple(int(i) for i in d.get("gpus") or ()),
             gpu_uuids=tuple(str(u) for u in d.get("gpu_uuids") or ()),
             claim_id=d.get("claim_id"),
-            state=str(d.get("state", "starting")),
+            state=str(d.get("state", JobState.STARTING)),
             exit_code=opt_int(d.get("exit_code")),
             log=d.get("log"),
             started=parse_iso(d.get("started")),
@@ -300,7 +370,7 @@ class Job:
     node: Optional[str] = None  # pinned with --node
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
-    kind: str = "batch"  # batch, shell, notebook
+    kind: str = JobKind.BATCH  # a JobKind; from a record, its text (a newer one is kept)
     visible_as: str = "index"  # or "uuid": what CUDA_VISIBLE_DEVICES lists
     ranks: tuple[JobRank, ...] = ()
     started: Optional[float] = None
@@ -398,7 +468,7 @@ class Job:
             # records from before "requested" held the asked workdir in "workdir"
             workdir=asked.get("workdir") if asked is not None else d.get("workdir"),
             env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
-            kind=str(d.get("kind", "batch")),
+            kind=str(d.get("kind", JobKind.BATCH)),
             visible_as=str(d.get("visible_as", "index")),
             ranks=tuple(JobRank.from_dict(r) for r in d.get("ranks") or ()),
             started=parse_iso(d.get("started")),
