@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuclaim.core.model import Event, Job, iso
+from gpuclaim.core.model import Event, EventType, Job, iso
+from gpuclaim.core.states import JobState
 from gpuclaim.store import Store
 
 ARRAY_ID_PREFIX = "a-"  # array ids: 'a-<hex>'; their tasks: 'a-<hex>-<index>'
+# The summary's flag that every task succeeded (what ``--after`` an array waits for).
+ALL_SUCCEEDED = JobState.SUCCEEDED.value
 
 
 def task_id(array_id: str, index: int) -> str:
@@ -35,7 +38,7 @@ def note_task_start(store: Store, job: Job) -> None:
     store.append_event(
         Event(
             ts=store.now(),
-            type="array-start",
+            type=EventType.ARRAY_START,
             user=job.user,
             node=job.ranks[0].node if job.ranks else None,
             gpus=job.ranks[0].gpus if job.ranks else (),
@@ -65,7 +68,7 @@ def note_task_end(store: Store, job: Job) -> Optional[dict[str, Any]]:
     store.append_event(
         Event(
             ts=store.now(),
-            type="array-end",
+            type=EventType.ARRAY_END,
             user=job.user,
             extra={"array_id": array.id, "job": array.name, **summary},
         )
@@ -87,7 +90,7 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
             continue
         task = Job.from_dict(data)
         counts[task.state] = counts.get(task.state, 0) + 1
-        if task.state != "succeeded":
+        if task.state != JobState.SUCCEEDED:
             unsuccessful.setdefault(task.state, []).append(int(index))
         if task.started is not None:
             end = task.ended if task.ended is not None else store.now()
@@ -102,7 +105,7 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
         "gpu_hours": round(gpu_s / 3600, 4),
         "first_start": iso(first),
         "last_end": iso(last),
-        "succeeded": counts.get("succeeded", 0) == len(record.get("indices") or ()),
+        ALL_SUCCEEDED: counts.get(JobState.SUCCEEDED, 0) == len(record.get("indices") or ()),
     }
 
 

@@ -15,8 +15,8 @@ from gpuclaim.core.arrays import compact, task_name
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.events import job_event
-from gpuclaim.core.model import ArrayRef, Job
-from gpuclaim.core.states import ACTIVE_JOB_STATES
+from gpuclaim.core.model import ArrayRef, EventType, Job
+from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState
 from gpuclaim.engine.array_records import ARRAY_ID_PREFIX, array_tasks, task_id
 from gpuclaim.engine.cluster import NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
@@ -122,11 +122,11 @@ def submit_array(
         store.enqueue(job_id=task.id)
         tasks.append(task)
     store.append_event(
-        job_event("array-queued", template, now, {"array_id": array_id, "count": count})
+        job_event(EventType.ARRAY_QUEUED, template, now, {"array_id": array_id, "count": count})
     )
     dispatch_queue(config, store, prober=prober, ops=ops)
     tasks = array_tasks(store, record)
-    if any(t.state == "queued" for t in tasks):
+    if any(t.state == JobState.QUEUED for t in tasks):
         start_keepers(config, ops, template, view)
     return ArraySubmitted(record, tasks)
 
@@ -161,15 +161,15 @@ def kill_array(
     tasks = array_tasks(store, record)
     if record.get("user") != user and tasks:  # --force: on the record and on Slack, once
         said = job_event(
-            "force-kill", tasks[0], store.now(), {"job": record["name"], "array": None}
+            EventType.FORCE_KILL, tasks[0], store.now(), {"job": record["name"], "array": None}
         )
         store.append_event(replace(said, by=user, reason=f"killed by {user}"))
     entries = store.queue_entries()
     running: list[Job] = []
     for task in tasks:
-        if task.state == "queued" and take_out_of_queue(store, task, user, entries) is None:
+        if task.state == JobState.QUEUED and take_out_of_queue(store, task, user, entries) is None:
             running.append(task)  # it started meanwhile
-        elif task.state in ("starting", "running"):
+        elif task.state in (JobState.STARTING, JobState.RUNNING):
             running.append(task)
     stop_and_wait(config, store, running, ops, wait_s)
     return array_tasks(store, record)

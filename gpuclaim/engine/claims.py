@@ -18,8 +18,8 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, ended
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType, Job
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.engine.job_records import finish_rank, load_jobs
 from gpuclaim.engine.placement import (
@@ -138,7 +138,7 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
             view = build_view(config, store, nodes, view.inventories)
             continue
         _mark_bookings_used(store, view.snapshot.bookings, claim, now)
-        store.append_event(claim_event("claim", claim, now))
+        store.append_event(claim_event(EventType.CLAIM, claim, now))
         return claim
     raise ConflictError("could not claim: other claims kept winning the race; try again")
 
@@ -273,11 +273,11 @@ def release_claims(
         if _remove_claim(store, status):
             now = store.now()
             if status.claim.user != user:
-                kind, by = "force-release", user
+                kind, by = EventType.FORCE_RELEASE, user
             elif status.reason == "expired":
-                kind, by = "expire", None
+                kind, by = EventType.EXPIRE, None
             else:
-                kind, by = "release", None
+                kind, by = EventType.RELEASE, None
             end = min(now, status.claim.expires)
             store.append_event(claim_event(kind, status.claim, end, by=by))
             released.append(status.claim)
@@ -293,7 +293,7 @@ def job_claims_of(store: Store, user: str) -> list[tuple[Claim, str]]:
 
 def _held_by_a_job(status: ClaimStatus) -> bool:
     """A job's claim that still holds (a lost job's stale claim may be cleaned up)."""
-    return bool(status.claim.job) and status.state == "claimed"
+    return bool(status.claim.job) and status.state == GpuState.CLAIMED
 
 
 def _job_names(store: Store, statuses: dict[str, ClaimStatus]) -> str:
@@ -336,7 +336,7 @@ def extend_claims(
             raise ConflictError(
                 f"claim {claim.id} belongs to {claim.user}; only they can extend it"
             )
-        if status.state == "stale":
+        if status.state == GpuState.STALE:
             raise ConflictError(
                 f"claim {claim.id} is {status.reason}; it can no longer be extended",
                 hint="claim the GPUs again",
@@ -357,7 +357,7 @@ def extend_claims(
         if clash is not None:  # a booking made while we extended: it stands, we give way
             store.rewrite(new, claim)
             raise ConflictError(blocked_message(clash, claim.indices, snap.now, new_expiry))
-        store.append_event(claim_event("extend", new, store.now()))
+        store.append_event(claim_event(EventType.EXTEND, new, store.now()))
         result.append(new)
     return result
 
@@ -377,13 +377,13 @@ def collect_garbage(
             snap = mark_lost_jobs(store.snapshot(), inventories)  # read after the probe
     report = GcReport()
     for status in snap.claims.values():
-        if status.state != "stale":
+        if status.state != GpuState.STALE:
             continue
         if _remove_claim(store, status):
-            kind = "expire" if status.reason == "expired" else "reap"
-            end = status.claim.expires if kind == "expire" else snap.now
+            kind = EventType.EXPIRE if status.reason == "expired" else EventType.REAP
+            end = status.claim.expires if kind is EventType.EXPIRE else snap.now
             store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
-            (report.expired if kind == "expire" else report.incomplete).append(status.claim)
+            (report.expired if kind is EventType.EXPIRE else report.incomplete).append(status.claim)
     for cf in snap.corrupt():
         if store.quarantine_corrupt(cf):
             report.corrupt.append(cf.uuid)
@@ -397,18 +397,20 @@ def _finish_lost_jobs(store: Store, snap: Snapshot) -> list[str]:
     away. Record them as lost (their claims were just collected), so none stays 'running'."""
     lost = []
     for job in load_jobs(store):
-        if job.state not in ACTIVE_JOB_STATES or job.state == "queued" or not job.ranks:
+        if job.state not in ACTIVE_JOB_STATES or job.state == JobState.QUEUED or not job.ranks:
             continue
         alive = [
             r
             for r in job.ranks
-            if r.claim_id in snap.claims and snap.claims[r.claim_id].state == "claimed"
+            if r.claim_id in snap.claims and snap.claims[r.claim_id].state == GpuState.CLAIMED
         ]
         if alive:
             continue
         for r in job.ranks:
             if not ended(r.state):
-                finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
+                finish_rank(
+                    store, job, r.rank, JobState.LOST, None, "its node, tmux or wrapper went away"
+                )
         lost.append(job.name)
     return lost
 
@@ -417,21 +419,21 @@ def drain_node(config: Config, store: Store, user: str, node: str, reason: str) 
     config.node(node)
     now = store.now()
     store.set_drain(node, {"user": user, "reason": reason, "since": now})
-    store.append_event(Event(ts=now, type="drain", user=user, node=node, reason=reason))
+    store.append_event(Event(ts=now, type=EventType.DRAIN, user=user, node=node, reason=reason))
 
 
 def undrain_node(config: Config, store: Store, user: str, node: str) -> bool:
     config.node(node)
     if not store.clear_drain(node):
         return False
-    store.append_event(Event(ts=store.now(), type="undrain", user=user, node=node))
+    store.append_event(Event(ts=store.now(), type=EventType.UNDRAIN, user=user, node=node))
     return True
 
 
 def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) -> None:
     """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first."""
     for row in rows:
-        if row.state != "stale":
+        if row.state != GpuState.STALE:
             continue
         if row.claim is None:
             cf = view.snapshot.files.get(row.uuid or "")
@@ -440,8 +442,8 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
             continue
         status = view.snapshot.claims.get(row.claim.id)
         if status is not None and _remove_claim(store, status):
-            kind = "expire" if status.reason == "expired" else "reap"
-            end = status.claim.expires if kind == "expire" else view.snapshot.now
+            kind = EventType.EXPIRE if status.reason == "expired" else EventType.REAP
+            end = status.claim.expires if kind is EventType.EXPIRE else view.snapshot.now
             store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
             if status.reason == "job lost":
                 finish_lost_claim(store, status.claim)
@@ -456,7 +458,9 @@ def finish_lost_claim(store: Store, claim: Claim) -> None:
     job = Job.from_dict(data)
     for r in job.ranks:
         if r.claim_id == claim.id and r.state not in FINAL_STATES:
-            finish_rank(store, job, r.rank, "lost", None, "its node, tmux or wrapper went away")
+            finish_rank(
+                store, job, r.rank, JobState.LOST, None, "its node, tmux or wrapper went away"
+            )
 
 
 def _remove_claim(store: Store, status: ClaimStatus) -> bool:
@@ -473,7 +477,7 @@ def _check_user_limit(config: Config, view: ClusterView, req: ClaimRequest) -> N
     held = sum(
         len(s.claim.gpus)
         for s in view.snapshot.claims.values()
-        if s.claim.user == req.user and s.state == "claimed"
+        if s.claim.user == req.user and s.state == GpuState.CLAIMED
     )
     wanted = sum(len(i) for _, i in req.exact) if req.exact else req.count
     if held + wanted > limit:

@@ -14,6 +14,7 @@ from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
+from gpuclaim.core.states import GpuState
 from gpuclaim.engine.reservations import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
@@ -184,7 +185,8 @@ def build_view(
         for g in status.claim.gpus:
             if g.uuid not in seen and g.uuid in status.present:
                 seen.add(g.uuid)
-                state = status.state if inventories[status.claim.node].reachable else "unreachable"
+                reachable = inventories[status.claim.node].reachable
+                state = status.state if reachable else GpuState.UNREACHABLE
                 rows.append(
                     GpuRow(
                         status.claim.node,
@@ -205,9 +207,9 @@ def with_booking(row: GpuRow, snap: Snapshot) -> GpuRow:
     booking = shown_booking(snap.bookings, row.uuid or "", snap.now) if row.uuid else None
     if booking is None:
         return row
-    if row.state == "free" and booking.is_open(snap.now):
+    if row.state == GpuState.FREE and booking.is_open(snap.now):
         reason = f"reserved by {booking.user} (reservation {booking.id})"
-        return dataclasses.replace(row, state="reserved", booking=booking, reason=reason)
+        return dataclasses.replace(row, state=GpuState.RESERVED, booking=booking, reason=reason)
     return dataclasses.replace(row, booking=booking)
 
 
@@ -219,10 +221,10 @@ def mark_lost_jobs(snap: Snapshot, inventories: dict[str, NodeInventory]) -> Sna
     lost = {}
     for claim_id, status in snap.claims.items():
         inv = inventories.get(status.claim.node)
-        if status.state != "claimed" or not status.claim.job or inv is None or inv.error:
+        if status.state != GpuState.CLAIMED or not status.claim.job or inv is None or inv.error:
             continue
         if wrapper_gone(snap.beats.get(claim_id), inv.liveness):
-            lost[claim_id] = ClaimStatus(status.claim, "stale", "job lost", status.present)
+            lost[claim_id] = ClaimStatus(status.claim, GpuState.STALE, "job lost", status.present)
     if not lost:
         return snap
     return dataclasses.replace(snap, claims={**snap.claims, **lost})
@@ -233,9 +235,10 @@ def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: L
     cf = snap.files.get(gpu.uuid)
     if cf is not None and cf.unreadable:
         reason = f"claim file {cf.error}: held, by whom gpuclaim cannot tell"
-        return GpuRow(gpu.node, gpu.index, gpu.uuid, "claimed", gpu, None, reason)
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.CLAIMED, gpu, None, reason)
     if cf is not None and cf.claim is None:
-        return GpuRow(gpu.node, gpu.index, gpu.uuid, "stale", gpu, None, f"claim file {cf.error}")
+        why = f"claim file {cf.error}"
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.STALE, gpu, None, why)
     foreign = foreign_processes(gpu, limits)
     if status is not None:
         return GpuRow(
@@ -247,8 +250,9 @@ def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: L
             reason += f" and {len(foreign) - 3} more"
         if not foreign:
             reason = f"{gpu.memory_used_mib} MiB in use by processes we cannot see, and no claim"
-        return GpuRow(gpu.node, gpu.index, gpu.uuid, "busy-unclaimed", gpu, None, reason, foreign)
-    return GpuRow(gpu.node, gpu.index, gpu.uuid, "free", gpu, None, "", foreign)
+        state = GpuState.BUSY_UNCLAIMED
+        return GpuRow(gpu.node, gpu.index, gpu.uuid, state, gpu, None, reason, foreign)
+    return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.FREE, gpu, None, "", foreign)
 
 
 def foreign_processes(gpu: Gpu, limits: Limits) -> tuple[GpuProcess, ...]:
@@ -274,7 +278,7 @@ def _rows_without_probe(
     node: str, inv: NodeInventory, snap: Snapshot, seen: set[str]
 ) -> list[GpuRow]:
     """An unprobed node is still a row (or one per GPU we know from its claims)."""
-    reason = inv.error or "unreachable"
+    reason = inv.error or GpuState.UNREACHABLE.value
     rows = []
     for status in snap.claims.values():
         if status.claim.node != node:
@@ -283,10 +287,10 @@ def _rows_without_probe(
             if g.uuid in status.present and g.uuid not in seen:
                 seen.add(g.uuid)
                 rows.append(
-                    GpuRow(node, g.index, g.uuid, "unreachable", None, status.claim, reason)
+                    GpuRow(node, g.index, g.uuid, GpuState.UNREACHABLE, None, status.claim, reason)
                 )
     if not rows:
-        rows.append(GpuRow(node, None, None, "unreachable", None, None, reason))
+        rows.append(GpuRow(node, None, None, GpuState.UNREACHABLE, None, None, reason))
     return rows
 
 

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
-from gpuclaim.core.states import ended, ended_badly
+from gpuclaim.core.states import JobState, ended, ended_badly
+from gpuclaim.engine.array_records import ALL_SUCCEEDED
 from gpuclaim.engine.job_records import load_archived, load_job_anywhere, load_jobs
 from gpuclaim.store import Store
 
@@ -46,7 +47,7 @@ def resolve_after(
                 hint="see 'gpuclaim jobs --all'",
             )
         # an array's end is its summary ('3 failed, 1 killed'), not one state
-        if state is not None and state != "succeeded" and not any_end:
+        if state is not None and state != JobState.SUCCEEDED and not any_end:
             raise UsageError(
                 f"--after {name}: it already ended ({state}), so this would never start",
                 hint="--after-any starts after an end in any state",
@@ -70,7 +71,7 @@ def _lookup(
             result = record.get("result")
             end = None
             if isinstance(result, dict):
-                end = "succeeded" if result.get("succeeded") else _worst(result)
+                end = JobState.SUCCEEDED if result.get(ALL_SUCCEEDED) else _worst(result)
             dep = Dependency(str(record["id"]), str(record["name"]), True, any_end)
             candidates.append((float(record.get("submitted") or 0), dep, end))
     if not candidates:
@@ -101,7 +102,7 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
         result = record.get("result")
         if not isinstance(result, dict):
             return WAITING, f"waiting for array {dep.name}"
-        if not dep.any and not result.get("succeeded"):
+        if not dep.any and not result.get(ALL_SUCCEEDED):
             return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
         return READY, ""
     data = load_job_anywhere(store, dep.id)  # ended long ago: archived
@@ -118,5 +119,5 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
 def _worst(result: dict[str, Any]) -> str:
     """'3 failed, 1 killed' from an array's summary: what did not succeed."""
     states = result.get("states") or {}
-    parts = [f"{n} {s}" for s, n in sorted(states.items()) if s != "succeeded" and n]
+    parts = [f"{n} {s}" for s, n in sorted(states.items()) if s != JobState.SUCCEEDED and n]
     return ", ".join(parts) or "no task ran"

@@ -16,7 +16,8 @@ from gpuclaim.core.errors import (
     UsageError,
 )
 from gpuclaim.core.events import job_event
-from gpuclaim.core.model import Job, JobRank, iso
+from gpuclaim.core.model import EventType, Job, JobRank, iso
+from gpuclaim.core.states import JobState
 from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
@@ -72,7 +73,7 @@ class _Pass:
             return  # without reading its record: a pass over 1,000 tasks stays cheap
         data = self.store.load_job_dict(job_id=job_id)
         job = Job.from_dict(data) if data else None
-        if job is None or job.state != "queued":
+        if job is None or job.state != JobState.QUEUED:
             self.store.finish_queue_entry(name=entry)
             return
         if not self._may_run(entry, job, group, verdict) or self.blocked:
@@ -143,11 +144,11 @@ class _Pass:
         moved = self.store.update_job(
             job_id=job.id,
             changes={
-                "state": "starting",
+                "state": JobState.STARTING,
                 "ranks": [r.to_dict() for r in ranks],
                 "from_queue": True,
             },
-            only_from=["queued"],
+            only_from=[JobState.QUEUED],
         )
         self.store.finish_queue_entry(name=entry)
         if not moved["applied"]:  # killed while we placed it
@@ -214,13 +215,13 @@ def cancel_queued(store: Store, job: Job, entry: str, reason: str) -> Optional[J
     now = store.now()
     result = store.update_job(
         job_id=job.id,
-        changes={"state": "cancelled", "ended": iso(now), "reason": reason},
-        only_from=["queued"],
+        changes={"state": JobState.CANCELLED, "ended": iso(now), "reason": reason},
+        only_from=[JobState.QUEUED],
     )
     store.finish_queue_entry(name=entry)
     if not result["applied"]:
         return None
     final = Job.from_dict(result["job"])
-    store.append_event(job_event("job-cancelled", final, now))
+    store.append_event(job_event(EventType.JOB_CANCELLED, final, now))
     note_task_end(store, final)
     return final

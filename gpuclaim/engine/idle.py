@@ -16,7 +16,8 @@ from typing import Any
 from gpuclaim.core.config import Config, IdlePolicy
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.events import claim_event
-from gpuclaim.core.model import Claim, Event
+from gpuclaim.core.model import Claim, Event, EventType
+from gpuclaim.core.states import GpuState
 from gpuclaim.core.usage import Idleness, judge
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.store import Store
@@ -26,7 +27,7 @@ def sample_view(view: ClusterView, store: Store, threshold_pct: float) -> dict[s
     """Fold the utilisation this probe saw into each held claim's summary; returns them."""
     samples: dict[str, dict[str, Any]] = {}
     for row in view.rows:
-        if row.state != "claimed" or row.claim is None or row.gpu is None:
+        if row.state != GpuState.CLAIMED or row.claim is None or row.gpu is None:
             continue
         entry = samples.setdefault(row.claim.id, {"since": row.claim.since, "utils": []})
         entry["utils"].append(row.gpu.utilization_pct)
@@ -47,7 +48,12 @@ def apply_policy(
     for cid, summary in summaries.items():
         status = view.snapshot.claims.get(cid)
         verdict = judge(summary, now, policy.window_s)
-        if status is None or status.state != "claimed" or verdict is None or not verdict.idle:
+        if (
+            status is None
+            or status.state != GpuState.CLAIMED
+            or verdict is None
+            or not verdict.idle
+        ):
             continue
         idle_claims.append((status.claim, verdict))
     by_id = {c.id: (c, v) for c, v in idle_claims}
@@ -57,7 +63,7 @@ def apply_policy(
             store.append_event(
                 Event(
                     ts=now,
-                    type="claim-idle",
+                    type=EventType.CLAIM_IDLE,
                     user=claim.user,
                     claim_id=claim.id,
                     node=claim.node,
@@ -79,7 +85,9 @@ def apply_policy(
             removed |= store.remove_gpu(gpu_uuid, claim.id)
         if removed:
             reason = f"idle policy: {_idle_reason(policy, verdict)}"
-            store.append_event(claim_event("release", claim, now, by="gpuclaim", reason=reason))
+            store.append_event(
+                claim_event(EventType.RELEASE, claim, now, by="gpuclaim", reason=reason)
+            )
             if claim.job:
                 store.update_job(job_id=claim.job, changes={"stop_requested": "kill"})
             released.append(claim)

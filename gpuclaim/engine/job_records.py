@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.events import claim_event, job_event
-from gpuclaim.core.model import Job, JobRank, iso
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
+from gpuclaim.core.model import EventType, Job, JobRank, iso
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
 
@@ -122,7 +122,11 @@ def finish_rank(
     current = Job.from_dict(data)
     if me.claim_id:
         _release_rank_claim(store, current, me)
-    if state in ("failed", "timeout") and len(current.ranks) > 1 and not current.stop_requested:
+    if (
+        state in (JobState.FAILED, JobState.TIMEOUT)
+        and len(current.ranks) > 1
+        and not current.stop_requested
+    ):
         store.update_job(job_id=job.id, changes={"stop_requested": f"rank {rank} {state}"})
     if any(r.state not in FINAL_STATES for r in current.ranks):
         return None
@@ -133,30 +137,30 @@ def finish_rank(
             "state": final_state,
             "exit_code": final_code,
             "ended": iso(now),
-            "reason": reason if final_state != "succeeded" else "",
+            "reason": reason if final_state != JobState.SUCCEEDED else "",
         },
         only_from=list(ACTIVE_JOB_STATES),
     )
     if not done["applied"]:
         return None
     final = Job.from_dict(done["job"])
-    extra = {"log_tail": log_tail} if log_tail and final_state != "succeeded" else {}
-    store.append_event(job_event("job-end", final, now, extra))
+    extra = {"log_tail": log_tail} if log_tail and final_state != JobState.SUCCEEDED else {}
+    store.append_event(job_event(EventType.JOB_END, final, now, extra))
     note_task_end(store, final)
     return final
 
 
-def _job_outcome(job: Job) -> tuple[str, Optional[int]]:
+def _job_outcome(job: Job) -> tuple[JobState, Optional[int]]:
     """The job's end from its ranks': a timeout or a kill wins, then a failed or lost rank."""
     by_state = {r.state: r.exit_code for r in reversed(job.ranks)}
-    if "timeout" in by_state:
-        return "timeout", by_state["timeout"]
+    if JobState.TIMEOUT in by_state:
+        return JobState.TIMEOUT, by_state[JobState.TIMEOUT]
     if job.stop_requested == "kill":
-        return "killed", by_state.get("killed")
-    for state in ("failed", "lost", "killed"):
+        return JobState.KILLED, by_state.get(JobState.KILLED)
+    for state in (JobState.FAILED, JobState.LOST, JobState.KILLED):
         if state in by_state:
             return state, by_state[state]
-    return "succeeded", 0
+    return JobState.SUCCEEDED, 0
 
 
 def _release_rank_claim(store: Store, job: Job, rank: JobRank) -> None:
@@ -168,7 +172,7 @@ def _release_rank_claim(store: Store, job: Job, rank: JobRank) -> None:
             removed |= store.remove_gpu(gpu_uuid, status.claim.id)
         if removed:
             end = min(snap.now, status.claim.expires)
-            store.append_event(claim_event("release", status.claim, end))
+            store.append_event(claim_event(EventType.RELEASE, status.claim, end))
     if rank.claim_id:
         store.drop_beat(claim_id=rank.claim_id)
 
@@ -181,11 +185,11 @@ def queue_positions(store: Store) -> dict[str, int]:
 
 def observed_state(job: Job, claims: dict[str, Any]) -> str:
     """A running job whose claims were judged lost (no heartbeat) shows as ``lost``."""
-    if job.state in ("running", "starting"):
+    if job.state in (JobState.RUNNING, JobState.STARTING):
         for r in job.ranks:
             status = claims.get(r.claim_id or "")
             if status is not None and status.reason == "job lost":
-                return "lost"
+                return JobState.LOST
     return job.state
 
 

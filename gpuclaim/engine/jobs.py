@@ -25,8 +25,8 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import job_event
 from gpuclaim.core.identity import validate_name
-from gpuclaim.core.model import Job, iso
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES
+from gpuclaim.core.model import EventType, Job, JobKind, iso
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
@@ -56,7 +56,7 @@ class RunRequest:
     time_s: Optional[float] = None
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
-    kind: str = "batch"
+    kind: str = JobKind.BATCH
     visible_as: str = "index"
     queue: bool = False
     cwd: Optional[str] = None  # where run was typed: the workdir when the node has it
@@ -130,7 +130,7 @@ def job_from_request(
         name=name,
         user=req.user,
         argv=tuple(req.argv),
-        state="queued",
+        state=JobState.QUEUED,
         submitted=now,
         time_limit_s=time_s,
         gpus_per_node=req.count,
@@ -178,10 +178,10 @@ def submit_job(
     if req.queue:
         store.create_job(job=job.to_dict())
         store.enqueue(job_id=job.id)
-        store.append_event(job_event("job-queued", job, job.submitted))
+        store.append_event(job_event(EventType.JOB_QUEUED, job, job.submitted))
         dispatch_queue(config, store, prober=prober, ops=ops)
         job = reload_job(store, job)
-        if job.state == "queued":
+        if job.state == JobState.QUEUED:
             start_keepers(config, ops, job, view)
         return job
     ranks = place_and_claim(config, store, job, prober, view)
@@ -192,7 +192,7 @@ def submit_job(
             for r in ranks:  # nothing half-started: the GPUs go back
                 release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
             raise
-    job = job.with_(state="starting", ranks=tuple(ranks))
+    job = job.with_(state=JobState.STARTING, ranks=tuple(ranks))
     store.create_job(job=job.to_dict())
     return start_ranks(config, store, job, ops)
 
@@ -255,9 +255,13 @@ def kill_job(
         raise GpuclaimError(f"job {job.name} already ended ({job.state})")
     if job.user != user:  # --force on someone else's job: on the record, and on Slack
         store.append_event(
-            replace(job_event("force-kill", job, store.now()), by=user, reason=f"killed by {user}")
+            replace(
+                job_event(EventType.FORCE_KILL, job, store.now()),
+                by=user,
+                reason=f"killed by {user}",
+            )
         )
-    if job.state == "queued":
+    if job.state == JobState.QUEUED:
         removed = take_out_of_queue(store, job, user)
         if removed is not None:
             return removed
@@ -274,8 +278,12 @@ def take_out_of_queue(
             store.finish_queue_entry(name=entry)
     result = store.update_job(
         job_id=job.id,
-        changes={"state": "killed", "ended": iso(store.now()), "reason": f"removed by {user}"},
-        only_from=["queued"],
+        changes={
+            "state": JobState.KILLED,
+            "ended": iso(store.now()),
+            "reason": f"removed by {user}",
+        },
+        only_from=[JobState.QUEUED],
     )
     if not result["applied"]:
         return None
@@ -291,7 +299,9 @@ def stop_and_wait(
     for them to record it; clean up after wrappers that are gone."""
     for job in jobs:
         store.update_job(
-            job_id=job.id, changes={"stop_requested": "kill"}, only_from=["starting", "running"]
+            job_id=job.id,
+            changes={"stop_requested": "kill"},
+            only_from=[JobState.STARTING, JobState.RUNNING],
         )
     deadline = time.monotonic() + wait_s
     current = [reload_job(store, j) for j in jobs]
@@ -310,7 +320,7 @@ def stop_and_wait(
                 ops.stop_session(config.node(r.node), job.session)
             except GpuclaimError:
                 pass
-            finish_rank(store, job, r.rank, "killed", None, "stopped; its wrapper was gone")
+            finish_rank(store, job, r.rank, JobState.KILLED, None, "stopped; its wrapper was gone")
         done.append(reload_job(store, job))
     return done
 

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import StorageRefusesWrites
+from gpuclaim.core.states import GpuState
 from gpuclaim.engine.claims import finish_lost_claim
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.idle import apply_policy, sample_view
@@ -28,6 +29,6 @@ def follow_up_look(
         if config.slack.webhook_url:
             record_notices(view, store)
     except StorageRefusesWrites as exc:
-        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})
+        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == GpuState.CLAIMED})
         return (store.usage_summaries(ids=held) if held else {}), exc
     return summaries, None

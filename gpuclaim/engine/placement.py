@@ -16,6 +16,7 @@ from gpuclaim.core.errors import (
     UnreachableError,
     UsageError,
 )
+from gpuclaim.core.states import GpuState
 from gpuclaim.engine.cluster import ClusterView, GpuRow
 from gpuclaim.engine.reservations import backfill_hint, blocked_message, blocking
 
@@ -51,14 +52,16 @@ def usable_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) -
     for r in view.gpus_of(node):
         if not r.uuid:
             continue
-        if r.state == "reserved":
+        if r.state == GpuState.RESERVED:
             if r.booking is None or r.booking.user != req.user:
                 continue
-        elif r.state not in ("free", "stale"):
+        elif r.state not in (GpuState.FREE, GpuState.STALE):
             continue
         if blocking(bookings, r.uuid, req.user, now, hold_until(r, req, now, until)) is None:
             rows.append(r)
-    return sorted(rows, key=lambda r: (not mine_open(r, req.user, now), r.state != "free", r.index))
+    return sorted(
+        rows, key=lambda r: (not mine_open(r, req.user, now), r.state != GpuState.FREE, r.index)
+    )
 
 
 def mine_open(row: GpuRow, user: str, now: float) -> bool:
@@ -124,9 +127,9 @@ def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[s
         row = by_index.get(index)
         if row is None:
             raise NeverFitsError(f"{node} has no GPU {index} (it has {_index_list(by_index)})")
-        if row.state == "claimed" and row.claim is not None:
+        if row.state == GpuState.CLAIMED and row.claim is not None:
             raise ConflictError(f"{node} GPU {index} is held by {row.claim.user} ({row.claim.id})")
-        if row.state == "busy-unclaimed":
+        if row.state == GpuState.BUSY_UNCLAIMED:
             raise ConflictError(f"{node} GPU {index} is busy: {row.reason}")
         rows.append(row)
     now = view.snapshot.now
@@ -142,7 +145,7 @@ def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[s
 def pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]:
     mine: dict[str, list[GpuRow]] = {}
     for row in view.rows:
-        if row.gpu is None or row.state == "claimed":
+        if row.gpu is None or row.state == GpuState.CLAIMED:
             continue
         if any(p.user == req.user for p in row.gpu.processes):
             mine.setdefault(row.node, []).append(row)
@@ -177,7 +180,7 @@ def _nothing_free_message(
         parts.append(f"{node} {free}/{len(rows)} free")
         for r in rows:
             b = blocking(view.snapshot.bookings, r.uuid or "", req.user, now, until)
-            if b is not None and r.state in ("free", "stale", "reserved"):
+            if b is not None and r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED):
                 in_way.setdefault(b.id, (b, []))[1].append(r.index or 0)
     want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
     text = f"no node has {want} free now ({', '.join(parts)})"

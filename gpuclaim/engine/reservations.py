@@ -22,7 +22,8 @@ from gpuclaim.core.errors import (
     UsageError,
 )
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import ClaimedGpu, Event, NodeInventory
+from gpuclaim.core.model import ClaimedGpu, Event, EventType, NodeInventory
+from gpuclaim.core.states import GpuState
 from gpuclaim.core.when import format_when
 from gpuclaim.store import Snapshot, Store
 
@@ -48,7 +49,7 @@ def new_booking_id() -> str:
 
 
 def booking_event(
-    kind: str, b: Booking, ts: float, by: Optional[str] = None, reason: str = ""
+    kind: EventType, b: Booking, ts: float, by: Optional[str] = None, reason: str = ""
 ) -> Event:
     extra: dict[str, object] = {"reservation": b.id, "gpu_hours": round(b.gpu_hours, 4)}
     if b.note:
@@ -105,7 +106,7 @@ def make_booking(
             if req.exact or attempt == RACE_RETRIES - 1:
                 raise _worded(store, booking, exc, now) from None
             continue  # another booking or a claim won a race for one of these GPUs
-        store.append_event(booking_event("reserve", booking, now))
+        store.append_event(booking_event(EventType.RESERVE, booking, now))
         return booking
     raise ConflictError("could not book: other bookings kept winning the race; try again")
 
@@ -222,7 +223,12 @@ def _in_the_way(
     for status in snap.claims.values():
         c = status.claim
         mine = c.user == req.user
-        if status.state == "claimed" and not mine and gpu.uuid in c.uuids and c.expires > req.start:
+        if (
+            status.state == GpuState.CLAIMED
+            and not mine
+            and gpu.uuid in c.uuids
+            and c.expires > req.start
+        ):
             found.append(
                 f"{node} GPU {gpu.index} is claimed by {c.user} (claim {c.id}) until "
                 f"{format_when(c.expires, now)}, after the booking starts"
@@ -281,7 +287,7 @@ def cancel_booking(store: Store, user: str, booking_id: str, force: bool = False
     if ended is None:
         raise GpuclaimError(f"reservation {booking_id} ended meanwhile")
     by = user if user != booking.user else None
-    store.append_event(booking_event("reserve-cancel", booking, now, by=by))
+    store.append_event(booking_event(EventType.RESERVE_CANCEL, booking, now, by=by))
     return booking
 
 
@@ -331,14 +337,14 @@ def settle_bookings(config: Config, store: Store, snap: Snapshot) -> Snapshot:
         try:
             if snap.now >= b.end:
                 used = b.used if b.used is not None else (snap.now if holding else None)
-                _end(store, dataclasses.replace(b, used=used), "over", "reserve-end", b.end)
+                _end(store, dataclasses.replace(b, used=used), "over", EventType.RESERVE_END, b.end)
                 continue
             if b.is_open(snap.now) and b.used is None:
                 if holding:
                     store.update_booking(b.id, {"used": snap.now})
                     b = b.marked_used(snap.now)
                 elif snap.now >= b.start + grace:
-                    _end(store, b, "no-show", "reserve-noshow", snap.now, grace)
+                    _end(store, b, "no-show", EventType.RESERVE_NOSHOW, snap.now, grace)
                     continue
         except StoreError:
             if snap.now >= b.end or (
@@ -350,7 +356,7 @@ def settle_bookings(config: Config, store: Store, snap: Snapshot) -> Snapshot:
 
 
 def _end(
-    store: Store, b: Booking, why: str, kind: str, ts: float, grace: Optional[float] = None
+    store: Store, b: Booking, why: str, kind: EventType, ts: float, grace: Optional[float] = None
 ) -> None:
     ended = store.end_booking(b.id, {"ended": ts, "ended_why": why, "used": b.used})
     if ended is not None:
@@ -366,7 +372,7 @@ def _end(
 
 def owner_holds(snap: Snapshot, b: Booking) -> bool:
     return any(
-        s.state == "claimed" and s.claim.user == b.user and b.shares_gpus(s.claim.uuids)
+        s.state == GpuState.CLAIMED and s.claim.user == b.user and b.shares_gpus(s.claim.uuids)
         for s in snap.claims.values()
     )
 
@@ -440,7 +446,9 @@ def gpus_by_node(
     for node in nodes:
         inv = inventories.get(node.name)
         if inv is None or inv.error or not inv.reachable:
-            down.append(f"{node.name}: {(inv.error if inv else None) or 'unreachable'}")
+            down.append(
+                f"{node.name}: {(inv.error if inv else None) or GpuState.UNREACHABLE.value}"
+            )
             continue
         result[node.name] = [ClaimedGpu(g.uuid, g.index) for g in inv.gpus]
     if not result:
