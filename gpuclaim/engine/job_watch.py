@@ -8,7 +8,7 @@ from typing import Optional
 
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Job, JobRank
-from gpuclaim.core.states import JobState, ended, ended_badly, never_ran
+from gpuclaim.core.states import JobState, ended, ended_badly, job_state, unhandled
 from gpuclaim.engine.job_records import reload_job
 from gpuclaim.store import Store
 
@@ -26,13 +26,7 @@ LOST_EXIT = 255  # its node, tmux or wrapper went away: how it ended is unknown
 NEVER_RAN_EXIT = 1  # it never started (cancelled: what it waited for did not succeed)
 
 
-# Each end that is not the job's own exit, and its code (README, "Exit codes").
-END_EXIT: dict[str, int] = {
-    JobState.KILLED.value: KILLED_EXIT,
-    JobState.TIMEOUT.value: TIMEOUT_EXIT,
-    JobState.LOST.value: LOST_EXIT,
-    JobState.CANCELLED.value: NEVER_RAN_EXIT,
-}
+NO_END_EXIT = 1  # not ended (or in a state this version does not know): no code of its own
 
 
 # `run` watches a job's first moment, so that one that dies at once is not "Started":
@@ -61,7 +55,7 @@ def watch_first_moment(
         # wait for the job's. A gang's failed rank is news at once (its others still stop).
         if ended(job.state) or (len(job.ranks) > 1 and first_bad_rank(job)):
             return job
-        if job.ranks and all(r.state == "running" for r in job.ranks):
+        if job.ranks and all(r.state == JobState.RUNNING for r in job.ranks):
             running_since = running_since or now
             if now - running_since >= settle_s:
                 return job
@@ -83,11 +77,28 @@ def ended_badly_at_once(job: Job) -> bool:
 def exit_code_of(job: Job) -> int:
     """What `run --follow` and `logs -f` exit with: the job's own exit code when it ended by
     itself, else the documented code of how it ended."""
-    if job.state == "succeeded":
+    state = job_state(job.state)
+    return NO_END_EXIT if state is None else exit_code(state, job.exit_code)
+
+
+def exit_code(state: JobState, own: Optional[int]) -> int:
+    """The exit code of a job in ``state`` whose own exit code is ``own`` (README, "Exit
+    codes"): its own when it ended by itself, else the documented code of how it ended."""
+    if state is JobState.SUCCEEDED:
         return 0
-    if job.state == "failed":
-        return job.exit_code or 1  # no code: it never ran (a missing workdir, GPUs gone)
-    return END_EXIT.get(job.state, 1)
+    if state is JobState.FAILED:
+        return own or 1  # no code: it never ran (a missing workdir, GPUs gone)
+    if state is JobState.KILLED:
+        return KILLED_EXIT
+    if state is JobState.TIMEOUT:
+        return TIMEOUT_EXIT
+    if state is JobState.LOST:
+        return LOST_EXIT
+    if state is JobState.CANCELLED:
+        return NEVER_RAN_EXIT
+    if state is JobState.QUEUED or state is JobState.STARTING or state is JobState.RUNNING:
+        return NO_END_EXIT
+    unhandled(state)
 
 
 def never_ran_line(job: Job) -> str:
@@ -104,20 +115,34 @@ def outcome_line(job: Job, now: float) -> str:
     """One line of how a job ended, with the exit code ``exit_code_of`` gives, for scripts:
     ``job train-1a2b failed (exit code 3) after 12s``."""
     code = exit_code_of(job)
-    if never_ran(job.state):
-        return f"{never_ran_line(job)} (exit code {code})"
     took = format_duration(max(0.0, (job.ended or now) - (job.started or job.submitted)))
-    if job.state == "succeeded":
+    state = job_state(job.state)
+    if state is None:  # a newer gpuclaim's state: said as it is
+        return f"job {job.name} was {job.state} (exit code {code}) after {took}"
+    return _outcome(job, state, code, took)
+
+
+def _outcome(job: Job, state: JobState, code: int, took: str) -> str:
+    if state is JobState.CANCELLED:  # it never ran: no time to tell
+        return f"{never_ran_line(job)} (exit code {code})"
+    if state is JobState.SUCCEEDED:
         return f"job {job.name} succeeded after {took}"
-    if job.state == "failed":
+    if state is JobState.FAILED:
         why = f"{job.reason}; " if job.exit_code is None and job.reason else ""
         return f"job {job.name} failed ({why}exit code {code}) after {took}"
-    if job.state == "timeout":
+    if state is JobState.TIMEOUT:
         limit = format_duration(job.time_limit_s)
         return f"job {job.name} reached its time limit of {limit} (exit code {code}) after {took}"
-    if job.state == "lost":
+    if state is JobState.LOST:
         return (
             f"job {job.name} was lost: its node, tmux or wrapper went away "
             f"(exit code {code}) after {took}"
         )
-    return f"job {job.name} was {job.state} (exit code {code}) after {took}"
+    if (
+        state is JobState.KILLED
+        or state is JobState.QUEUED
+        or state is JobState.STARTING
+        or state is JobState.RUNNING
+    ):
+        return f"job {job.name} was {state} (exit code {code}) after {took}"
+    unhandled(state)

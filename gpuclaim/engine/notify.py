@@ -19,31 +19,35 @@ from typing import Any, Optional
 
 from gpuclaim.core.config import Config, SlackConfig
 from gpuclaim.core.durations import format_duration
-from gpuclaim.core.model import Event
+from gpuclaim.core.model import Event, EventType
+from gpuclaim.core.states import GpuState, JobState, job_state, unhandled
+from gpuclaim.engine.array_records import ALL_SUCCEEDED
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.reservations import booking_event
 from gpuclaim.store import ClaimStore, Store
 
+# The ``[slack] events`` name of the messages that a node became unreachable.
+UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
 # Event types that become messages, and their names in ``[slack] events``.
-MESSAGE_EVENTS = {
-    "job-start": "job_started",
-    "job-end": "job_ended",
-    "job-cancelled": "job_ended",
-    "array-start": "job_started",
-    "array-end": "job_ended",
-    "claim": "claim",
-    "release": "release",
-    "expire": "expired",
-    "force-release": "forced",
-    "force-kill": "forced",
-    "claim-expiring": "expiring",
-    "busy-unclaimed": "busy_unclaimed",
-    "node-unreachable": "unreachable",
-    "claim-idle": "idle",
-    "reserve": "reservation",
-    "reserve-cancel": "reservation",
-    "reserve-open": "reservation",
-    "reserve-noshow": "reservation",
+MESSAGE_EVENTS: dict[str, str] = {
+    EventType.JOB_START: "job_started",
+    EventType.JOB_END: "job_ended",
+    EventType.JOB_CANCELLED: "job_ended",
+    EventType.ARRAY_START: "job_started",
+    EventType.ARRAY_END: "job_ended",
+    EventType.CLAIM: "claim",
+    EventType.RELEASE: "release",
+    EventType.EXPIRE: "expired",
+    EventType.FORCE_RELEASE: "forced",
+    EventType.FORCE_KILL: "forced",
+    EventType.CLAIM_EXPIRING: "expiring",
+    EventType.BUSY_UNCLAIMED: "busy_unclaimed",
+    EventType.NODE_UNREACHABLE: UNREACHABLE_MESSAGES,
+    EventType.CLAIM_IDLE: "idle",
+    EventType.RESERVE: "reservation",
+    EventType.RESERVE_CANCEL: "reservation",
+    EventType.RESERVE_OPEN: "reservation",
+    EventType.RESERVE_NOSHOW: "reservation",
 }
 DEFAULT_EVENTS = (
     "job_started",
@@ -51,7 +55,7 @@ DEFAULT_EVENTS = (
     "expiring",
     "expired",
     "busy_unclaimed",
-    "unreachable",
+    UNREACHABLE_MESSAGES,
     "idle",
     "forced",
     "reservation",
@@ -145,13 +149,13 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     node = _esc(event.node or "")
     reason = _esc(event.reason or "")
     where = f"{node} GPU {','.join(map(str, event.gpus))}" if node else ""
-    if event.type == "job-end":
+    if event.type == EventType.JOB_END:
         state = extra.get("state", "ended")
-        icon = {"succeeded": "✅", "failed": "❌", "timeout": "⏱", "killed": "🛑"}.get(state, "•")
+        icon = _end_icon(state)
         duration = (event.ts - event.since) if event.since else 0.0
         gpus = int(extra.get("gpus_total") or len(event.gpus) or 1)
         text = f"{icon} {who}'s job *{extra.get('job')}* {state}"
-        if extra.get("exit_code") is not None and state != "succeeded":
+        if extra.get("exit_code") is not None and state != JobState.SUCCEEDED:
             text += f" (exit code {extra['exit_code']})"
         details = f"{where} · {format_duration(duration)} · {gpus * duration / 3600:.2f} GPU-h"
         tail = extra.get("log_tail")
@@ -159,35 +163,35 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
         if tail:
             blocks.append(_section(f"```{tail[-1500:]}```"))
         return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
-    if event.type == "array-end":
+    if event.type == EventType.ARRAY_END:
         return _array_end_message(event, extra, who)
-    if event.type == "array-start":
+    if event.type == EventType.ARRAY_START:
         limit = f", at most {extra['max_running']} at once" if extra.get("max_running") else ""
         text = f"▶️ {who}'s array *{extra.get('job')}* started: {extra.get('count')} tasks{limit}"
-    elif event.type == "job-cancelled":
+    elif event.type == EventType.JOB_CANCELLED:
         text = f"🚫 {who}'s job *{extra.get('job')}* was cancelled: {reason}"
-    elif event.type == "job-start":
+    elif event.type == EventType.JOB_START:
         queued = " (from the queue)" if extra.get("from_queue") else ""
         text = f"▶️ {who}'s job *{extra.get('job')}* started{queued} on {where}"
-    elif event.type == "claim":
+    elif event.type == EventType.CLAIM:
         text = f"🔒 {who} claimed {where}" + (f": {extra['note']}" if extra.get("note") else "")
-    elif event.type in ("release", "force-release"):
+    elif event.type in (EventType.RELEASE, EventType.FORCE_RELEASE):
         by = f" (released by {_esc(event.by)})" if event.by and event.by != event.user else ""
         text = f"🔓 {who} released {where}{by}"
-    elif event.type == "force-kill":
+    elif event.type == EventType.FORCE_KILL:
         killer = _esc(event.by or "?")
         text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {killer} (--force)"
-    elif event.type == "expire":
+    elif event.type == EventType.EXPIRE:
         text = f"⌛ {who}'s claim on {where} expired"
-    elif event.type == "claim-expiring":
+    elif event.type == EventType.CLAIM_EXPIRING:
         text = f"⏳ {who}, your claim on {where} ends in {extra.get('left', 'a few minutes')}"
-    elif event.type == "claim-idle":
+    elif event.type == EventType.CLAIM_IDLE:
         text = f"💤 {who}, your claim on {where} looks idle: {reason}. Release it?"
-    elif event.type.startswith("reserve"):
+    elif event.type.startswith(EventType.RESERVE):  # every booking event
         text = _reservation_text(event, extra, who, where)
-    elif event.type == "busy-unclaimed":
+    elif event.type == EventType.BUSY_UNCLAIMED:
         text = f"⚠️ {where} is busy without a claim: {reason}"
-    elif event.type == "node-unreachable":
+    elif event.type == EventType.NODE_UNREACHABLE:
         text = f"🔌 {node} is unreachable: {reason}"
     else:
         text = f"{_esc(event.type)}: {who} {where}"
@@ -197,18 +201,46 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
 def _reservation_text(event: Event, extra: dict[str, Any], who: str, where: str) -> str:
     window = f"{_when(event.since)} to {_when(event.expires)}"
     rid = extra.get("reservation", "")
-    if event.type == "reserve":
+    if event.type == EventType.RESERVE:
         note = f": {extra['note']}" if extra.get("note") else ""
         return f"📅 {who} booked {where} from {window} ({rid}){note}"
-    if event.type == "reserve-cancel":
+    if event.type == EventType.RESERVE_CANCEL:
         by = f" by {_esc(event.by)} (--force)" if event.by and event.by != event.user else ""
         return f"🗑 {who}'s booking of {where}, {window}, was cancelled{by} ({rid})"
-    if event.type == "reserve-open":
+    if event.type == EventType.RESERVE_OPEN:
         return f"🔔 {who}, your booking of {where} is open until {_when(event.expires)} ({rid})"
     return (
         f"🕳 {who}'s booking of {where} was released: nobody claimed it within "
         f"{extra.get('grace') or 'the grace period'} of {_when(event.since)} ({rid})"
     )
+
+
+def end_icon(state: JobState) -> str:
+    """The icon of a job's end message: one per state (the ends that are not a success,
+    failure, timeout or kill, and the states that are no end, get a plain bullet)."""
+    if state is JobState.SUCCEEDED:
+        return "✅"
+    if state is JobState.FAILED:
+        return "❌"
+    if state is JobState.TIMEOUT:
+        return "⏱"
+    if state is JobState.KILLED:
+        return "🛑"
+    if (
+        state is JobState.LOST
+        or state is JobState.CANCELLED
+        or state is JobState.QUEUED
+        or state is JobState.STARTING
+        or state is JobState.RUNNING
+    ):
+        return "•"
+    unhandled(state)
+
+
+def _end_icon(value: object) -> str:
+    """``end_icon`` for a logged state; a plain bullet for one this version does not know."""
+    state = job_state(value) if isinstance(value, str) else None
+    return "•" if state is None else end_icon(state)
 
 
 def _when(ts: Optional[float]) -> str:
@@ -222,7 +254,7 @@ def _when(ts: Optional[float]) -> str:
 def _array_end_message(event: Event, extra: dict[str, Any], who: str) -> dict[str, Any]:
     """One summary for a whole array: counts by state, the indices that did not succeed."""
     states = extra.get("states") or {}
-    ok = bool(extra.get("succeeded"))
+    ok = bool(extra.get(ALL_SUCCEEDED))
     icon = "✅" if ok else "❌"
     counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
     text = f"{icon} {who}'s array *{extra.get('job')}* ended: {counts}"
@@ -276,7 +308,7 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
     expiring = [
         s.claim
         for s in view.snapshot.claims.values()
-        if s.state == "claimed"
+        if s.state == GpuState.CLAIMED
         and 0 < s.claim.expires - now < EXPIRING_WITHIN_S
         and not s.claim.job  # a job's claim ends with its time limit: no reminder
     ]
@@ -285,7 +317,7 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
         events.append(
             Event(
                 ts=now,
-                type="claim-expiring",
+                type=EventType.CLAIM_EXPIRING,
                 user=c.user,
                 claim_id=c.id,
                 node=c.node,
@@ -293,14 +325,14 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
                 extra={"left": format_duration(c.expires - now)},
             )
         )
-    busy = {r.uuid: r for r in view.rows if r.state == "busy-unclaimed" and r.uuid}
+    busy = {r.uuid: r for r in view.rows if r.state == GpuState.BUSY_UNCLAIMED and r.uuid}
     for uuid in store.mark_notices(scope="busy", keys=sorted(busy)):
         r = busy[uuid]
         users = sorted({p.user for p in r.foreign if p.user}) or ["someone"]
         events.append(
             Event(
                 ts=now,
-                type="busy-unclaimed",
+                type=EventType.BUSY_UNCLAIMED,
                 user=users[0],
                 node=r.node,
                 gpus=(r.index or 0,),
@@ -309,10 +341,13 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
         )
     opened = {b.id: b for b in view.snapshot.bookings if b.is_open(now)}
     for bid in store.mark_notices(scope="booking-open", keys=sorted(opened)):
-        events.append(booking_event("reserve-open", opened[bid], now))
-    down = {name: view.inventories[name].error or "unreachable" for name in view.unreachable}
-    for node in store.mark_notices(scope="unreachable", keys=sorted(down)):
-        events.append(Event(ts=now, type="node-unreachable", user="", node=node, reason=down[node]))
+        events.append(booking_event(EventType.RESERVE_OPEN, opened[bid], now))
+    unreachable = GpuState.UNREACHABLE.value  # the fallback reason, and the notices' scope
+    down = {name: view.inventories[name].error or unreachable for name in view.unreachable}
+    for node in store.mark_notices(scope=unreachable, keys=sorted(down)):
+        events.append(
+            Event(ts=now, type=EventType.NODE_UNREACHABLE, user="", node=node, reason=down[node])
+        )
     for event in events:
         store.append_event(event)
     return events
