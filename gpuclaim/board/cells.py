@@ -17,29 +17,83 @@ from rich.text import Text
 from gpuclaim.board.data import BoardData, Filters
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim
-from gpuclaim.core.states import STATE_STYLE
+from gpuclaim.core.states import (
+    FaceState,
+    GpuState,
+    JobState,
+    face_state,
+    face_style,
+    style_of_face,
+    unhandled,
+)
 from gpuclaim.engine.cluster import GpuRow
 from gpuclaim.engine.launch import CLAIM_MARGIN_S
 from gpuclaim.engine.reservations import booking_phrase
 
-GLYPH = {
-    "free": "●",
-    "claimed": "■",
-    "busy-unclaimed": "▲",
-    "stale": "◆",
-    "unreachable": "✕",
-    "probing": "…",
-    "drained": "○",
-    "reserved": "◇",
-}
-SHORT_WORD = {"busy-unclaimed": "busy"}
-STYLE = {**STATE_STYLE, "probing": "dim", "drained": "dim green"}
 NARROW, MEDIUM, WIDE = "narrow", "medium", "wide"
 PADDING = 1  # DataTable cell_padding: this many spaces each side of every cell
 SCROLLBAR = 1  # the table's vertical scrollbar, always reserved so widths never jump
 EMPTY = Text("")  # never changed: the table copies cells before touching them
 MEMORY_WIDTH = {NARROW: 11, MEDIUM: 15, WIDE: 20}  # the MEMORY column: a bar, used/total
 MEMORY_BAR = {NARROW: 4, MEDIUM: 7, WIDE: 11}
+FREE_COLUMN = FaceState.FREE.value  # compact view: how many of a node's GPUs are free
+# The summary line's counts after the free ones, in this order.
+SUMMARY_STATES = (
+    FaceState.CLAIMED,
+    FaceState.BUSY_UNCLAIMED,
+    FaceState.STALE,
+    FaceState.DRAINED,
+    FaceState.UNREACHABLE,
+)
+
+
+@dataclass(frozen=True)
+class Face:
+    """How the board shows a face besides its colour (core's face_style) and word."""
+
+    glyph: str  # beside its word, and alone in the compact view
+    meaning: str  # its line in the help screen's legend
+
+
+def face(state: FaceState) -> Face:
+    if state is FaceState.FREE:
+        return Face("●", "nobody holds it and nothing runs on it")
+    if state is FaceState.CLAIMED:
+        return Face("■", "held by the user shown, until the time left runs out")
+    if state is FaceState.BUSY_UNCLAIMED:
+        return Face("▲", "processes run on it without a claim")
+    if state is FaceState.STALE:
+        return Face("◆", "an expired, abandoned or damaged claim: reclaimable")
+    if state is FaceState.UNREACHABLE:
+        return Face("✕", "the node did not answer; claims are still shown")
+    if state is FaceState.RESERVED:
+        return Face("◇", "free, inside someone's booking window: theirs alone")
+    if state is FaceState.DRAINED:
+        return Face("○", "free, but its node takes no new claims (maintenance)")
+    if state is FaceState.PROBING:
+        return Face("…", "its node has not answered the board's first look yet")
+    unhandled(state)
+
+
+def glyph(state: FaceState) -> str:
+    return face(state).glyph
+
+
+def short_word(state: FaceState) -> str:
+    """The word a face shows where columns are narrow."""
+    return "busy" if state is FaceState.BUSY_UNCLAIMED else state.value
+
+
+def glyph_of(value: str) -> str:
+    """``glyph`` for a row's state string; ``?`` for a state this version does not know."""
+    state = face_state(value)
+    return "?" if state is None else glyph(state)
+
+
+def reason_style(value: str) -> str:
+    """A row's reason is shown in its state's colour; dim for a state this version does not
+    know."""
+    return style_of_face(value) or "dim"
 
 
 @dataclass(frozen=True)
@@ -74,7 +128,7 @@ def columns_for(
     holder_w = _fit([r.claim.user for r in rows if r.claim], 6, 12)
     if compact:
         cols = [Column("node", "NODE", node_w), Column("gpus", "GPUS", 16)]
-        cols.append(Column("free", "FREE", 5, right=True))
+        cols.append(Column(FREE_COLUMN, "FREE", 5, right=True))
         return _with_rest(cols, Column("who", "WHO HOLDS WHAT", 0), width)
     layout = layout_for(width)
     cols = [Column("node", "NODE", node_w), Column("gpu", "GPU", 3, right=True)]
@@ -208,7 +262,7 @@ def _groups(rows: Sequence[GpuRow]) -> list[tuple[str, list[GpuRow]]]:
 
 def idle_for(row: GpuRow, data: BoardData) -> Optional[float]:
     """How long a held GPU's claim has sat idle, when it counts as idle (else None)."""
-    if row.claim is None or row.state != "claimed":
+    if row.claim is None or row.state != GpuState.CLAIMED:
         return None
     use = data.usage.get(row.claim.id)
     if not use or not use.get("idle"):
@@ -218,14 +272,19 @@ def idle_for(row: GpuRow, data: BoardData) -> Optional[float]:
 
 def display_state(row: GpuRow, data: BoardData) -> str:
     """The state shown: a free GPU on a drained node takes no claims, so it says so."""
-    if row.state == "free" and row.node in data.view.drains:
-        return "drained"
+    if row.state == GpuState.FREE and row.node in data.view.drains:
+        return FaceState.DRAINED.value
     return row.state
 
 
-def state_text(state: str, short: bool = False) -> Text:
-    word = SHORT_WORD.get(state, state) if short else state
-    return Text(f"{GLYPH.get(state, '?')} {word}", style=STYLE.get(state, ""))
+def state_text(value: str, short: bool = False) -> Text:
+    """A face's glyph and word in its colour; a state this version does not know is shown as
+    it is, with ``?`` and no colour."""
+    state = face_state(value)
+    if state is None:
+        return Text(f"? {value}", style="")
+    word = short_word(state) if short else state.value
+    return Text(f"{glyph(state)} {word}", style=face_style(state))
 
 
 def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> dict[str, Text]:
@@ -239,7 +298,9 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
     }
     idle = idle_for(row, data)
     if idle is not None:  # held but unused: the word says it, not only the colour
-        cells["state"] = Text(f"{GLYPH['claimed']} idle {format_duration(idle)}", "yellow dim")
+        cells["state"] = Text(
+            f"{glyph(FaceState.CLAIMED)} idle {format_duration(idle)}", "yellow dim"
+        )
     if position == 0:
         cells["node"] = Text(row.node, style="bold" if stale_age is None else "bold dim")
     elif position == 1 and stale_age is not None:
@@ -255,7 +316,7 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
         cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)
-    elif row.state == "reserved" and row.booking is not None:
+    elif row.state == GpuState.RESERVED and row.booking is not None:
         mine = row.booking.user == ctx.me
         cells["holder"] = Text(row.booking.user, style="bold cyan" if mine else "cyan")
         cells["left"] = Text(format_duration(row.booking.end - data.now), style="cyan")
@@ -279,12 +340,14 @@ def node_cells(
     for r in gpus:
         state = display_state(r, data)
         mine = r.claim is not None and r.claim.user == ctx.me
-        strip.append(GLYPH.get(state, "?"), style="bold cyan" if mine else STYLE.get(state, ""))
+        strip.append(glyph_of(state), style="bold cyan" if mine else style_of_face(state))
     if not gpus:
         strip = state_text(rows[0].state)
     cells["gpus"] = strip
-    free = sum(1 for r in gpus if display_state(r, data) == "free")
-    cells["free"] = Text(f"{free}/{len(gpus)}" if gpus else "-", style="green" if free else "dim")
+    free = sum(1 for r in gpus if display_state(r, data) == FaceState.FREE)
+    cells[FREE_COLUMN] = Text(
+        f"{free}/{len(gpus)}" if gpus else "-", style="green" if free else "dim"
+    )
     who = Text()
     if stale_age is not None:
         who.append(f"⏱ data {stale_age} old · ", style="yellow")
@@ -348,20 +411,21 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
     note = shown_note(claim, ctx.data) if claim is not None else ""
     if note:
         text.append(note)
-    if row.reason and (row.state != "claimed" or claim is None) and row.state != "reserved":
+    held = row.state == GpuState.CLAIMED and claim is not None
+    if row.reason and not held and row.state != GpuState.RESERVED:
         if text.plain and not text.plain.endswith("· "):
             text.append(" · ", style="dim")
-        text.append(row.reason, style=STYLE.get(row.state, "dim"))
+        text.append(row.reason, style=reason_style(row.state))
     if row.booking is not None:  # the open booking, or the next one within a day
         if text.plain and not text.plain.endswith("· "):
             text.append(" · ", style="dim")
         text.append("📅 " + booking_phrase(row.booking, ctx.data.now), style="cyan")
-    if row.state == "unreachable" and row.index is None:
+    if row.state == GpuState.UNREACHABLE and row.index is None:
         sample = ctx.data.samples.get(row.node)
         if sample is not None and sample.last_ok is not None:
             seen = format_duration(ctx.clock_now - sample.last_ok)
             text.append(f" · last seen {seen} ago", style="dim")
-    if row.node in ctx.data.view.drains and row.state == "free":
+    if row.node in ctx.data.view.drains and row.state == GpuState.FREE:
         info = ctx.data.view.drains[row.node]
         reason = f": {info['reason']}" if info.get("reason") else ""
         text.append(f"drained by {info.get('user', '?')}{reason}", style="dim")
@@ -390,9 +454,9 @@ def job_text(job_id: Optional[str], data: BoardData) -> Text:
     if job is None:
         return Text(job_id, style="dim")
     state = data.job_states.get(job_id, job.state)
-    if state in ("running", "starting"):
+    if state in (JobState.RUNNING, JobState.STARTING):
         return Text(job.name, style="green")
-    return Text(f"{job.name} ({state})", style="bold red" if state == "lost" else "yellow")
+    return Text(f"{job.name} ({state})", style="bold red" if state == JobState.LOST else "yellow")
 
 
 def left_text(seconds: float, job: bool = False) -> Text:
@@ -462,20 +526,20 @@ def summary_text(data: BoardData, filters: Filters, short: bool = False) -> Text
             state = display_state(row, data)
             numbers[state] = numbers.get(state, 0) + 1
     total = sum(numbers.values())
-    free = numbers.get("free", 0)
+    free = numbers.get(FaceState.FREE, 0)
     text = Text()
-    gpus = "free" if short else "GPUs free"
+    gpus = FaceState.FREE.value if short else "GPUs free"
     text.append(f"{free}/{total} {gpus}", style="bold green" if free else "bold red")
-    for state in ("claimed", "busy-unclaimed", "stale", "drained", "unreachable"):
+    for state in SUMMARY_STATES:
         if numbers.get(state):
-            word = SHORT_WORD.get(state, state) if short else state
+            word = short_word(state) if short else state.value
             text.append(" · ", style="dim")
-            text.append(f"{numbers[state]} {word}", style=STYLE.get(state, ""))
+            text.append(f"{numbers[state]} {word}", style=face_style(state))
     unreachable_nodes = [n for n in data.view.unreachable if not _has_rows(n, data)]
     if unreachable_nodes:
         text.append(" · ", style="dim")
         word = "down" if short else "node(s) unreachable"
-        text.append(f"{len(unreachable_nodes)} {word}", style=STYLE["unreachable"])
+        text.append(f"{len(unreachable_nodes)} {word}", style=face_style(FaceState.UNREACHABLE))
     text.append(" · ", style="dim")
     text.append(f"queue {data.queue}", style="yellow" if data.queue else "")
     if filters.active:

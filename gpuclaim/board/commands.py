@@ -20,6 +20,7 @@ from gpuclaim.board.dialogs import ClaimDialog, ConfirmDialog
 from gpuclaim.board.messages import ActionDone, LogChunk
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.model import Job
+from gpuclaim.core.states import GpuState, JobState
 from gpuclaim.remote.channels import attach_command
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ class BoardCommands(_AppBase):
     def action_claim(self) -> None:
         rows = self._selected_rows()
         node = None
-        if rows and any(r.state == "free" for r in rows) and rows[0].node not in self._drained():
+        free = any(r.state == GpuState.FREE for r in rows)
+        if free and rows[0].node not in self._drained():
             node = rows[0].node
         names = [n.name for n in self.services.config.nodes]
         dialog = ClaimDialog(names, node, self.services.config.limits.default_time_s)
@@ -159,7 +161,7 @@ class BoardCommands(_AppBase):
         job = self._selected_job(own=True)
         if job is None:
             return
-        if job.state not in ("running", "starting") or not job.ranks:
+        if job.state not in (JobState.RUNNING, JobState.STARTING) or not job.ranks:
             self.notify(f"job {job.name} is {job.state}; nothing to attach to", severity="warning")
             return
         argv = attach_command(self.services.config, job.ranks[0].node, job.session)

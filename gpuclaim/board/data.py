@@ -11,7 +11,7 @@ from typing import Any, Optional
 from gpuclaim.board.services import BoardServices
 from gpuclaim.core.errors import StorageRefusesWrites
 from gpuclaim.core.model import Job, NodeInventory
-from gpuclaim.core.states import ACTIVE_JOB_STATES
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FaceState, GpuState
 from gpuclaim.core.usage import usage_view
 from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view
 from gpuclaim.engine.job_records import load_jobs, observed_state
@@ -142,7 +142,7 @@ def _usage(
     if fold:
         summaries, refusal = follow_up_look(config, store, view)
     else:
-        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == "claimed"})
+        held = sorted({r.claim.id for r in view.rows if r.claim and r.state == GpuState.CLAIMED})
         summaries = store.usage_summaries(ids=held) if held else {}
     now, window = view.snapshot.now, config.idle.window_s
     usage = {cid: usage_view(summary, now, window) for cid, summary in summaries.items()}
@@ -153,7 +153,7 @@ def visible_rows(data: BoardData, filters: Filters) -> list[GpuRow]:
     """The rows the filters let through, placeholders for nodes still to answer included."""
     rows = list(data.view.rows)
     rows.extend(
-        GpuRow(name, None, None, "probing", reason="waiting for the first answer")
+        GpuRow(name, None, None, FaceState.PROBING.value, reason="waiting for the first answer")
         for name in data.pending
     )
     if filters.nodes:

@@ -16,6 +16,7 @@ from gpuclaim.board.cells import (
     table_rows,
 )
 from gpuclaim.board.data import BoardData, Filters, visible_rows
+from gpuclaim.core.states import GpuState
 
 
 def render_text(
@@ -37,7 +38,7 @@ def render_text(
     for _key, cells in table_rows(rows, ctx, columns, compact):
         lines.append(_line(cells, columns))
     for node in data.view.unreachable:
-        error = data.view.inventories[node].error or "unreachable"
+        error = data.view.inventories[node].error or GpuState.UNREACHABLE.value
         lines.append(f"{node}: {error}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
 

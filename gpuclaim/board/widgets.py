@@ -9,17 +9,18 @@ from rich.text import Text
 from textual.widgets import DataTable, Log, Static
 
 from gpuclaim.board.cells import (
-    GLYPH,
-    STYLE,
     Column,
     display_state,
+    glyph_of,
     job_text,
+    reason_style,
     short_model,
     shown_note,
     time_left,
 )
 from gpuclaim.board.data import BoardData
 from gpuclaim.core.durations import format_duration
+from gpuclaim.core.states import GpuState, style_of_face
 from gpuclaim.engine.cluster import GpuRow
 
 CellSig = tuple[str, str, tuple[object, ...]]
@@ -143,7 +144,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
         (row.node, "bold"),
         f" GPU {row.index}" if row.index is not None else "",
         "  ",
-        (f"{GLYPH.get(state, '?')} {state}", STYLE.get(state, "")),
+        (f"{glyph_of(state)} {state}", style_of_face(state)),
     )
     g = row.gpu
     if g is not None:
@@ -188,7 +189,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
             line.append(f" · {note}", style="italic")
         lines.append(line)
     if row.reason:
-        lines.append(Text(row.reason, style=STYLE.get(row.state, "dim")))
+        lines.append(Text(row.reason, style=reason_style(row.state)))
     elif g is not None and g.processes:
         procs = ", ".join(
             f"{p.name.rsplit('/', 1)[-1]} ({p.pid}"
@@ -205,7 +206,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
 def _hints(row: GpuRow, me: str, data: BoardData) -> Text:
     claim = row.claim
     keys: list[tuple[str, str]] = []
-    if row.state in ("free", "stale") or claim is None:
+    if row.state in (GpuState.FREE, GpuState.STALE) or claim is None:
         keys.append(("c", "claim"))
     if claim is not None and claim.user == me:
         keys.append(("r", "release"))

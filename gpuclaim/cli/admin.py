@@ -10,9 +10,13 @@ import typer
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
 from gpuclaim.core.errors import ExitCode
+from gpuclaim.core.states import FaceState
 
 if TYPE_CHECKING:
     from gpuclaim.engine.reservations import EndedDropped
+
+# drain/undrain --json: whether the node is drained (its free GPUs show that face).
+DRAINED_FIELD = FaceState.DRAINED.value
 
 
 def gc(
@@ -121,7 +125,7 @@ def drain(
     if quiet:
         return
     if as_json:
-        print_json({"node": node, "drained": True, "reason": reason, "user": st.user})
+        print_json({"node": node, DRAINED_FIELD: True, "reason": reason, "user": st.user})
         return
     out().print(f"{node} drained: no new claims there until 'gpuclaim undrain {node}'.")
 
@@ -142,7 +146,7 @@ def undrain(
     if quiet:
         return
     if as_json:
-        print_json({"node": node, "drained": False, "was_drained": was_drained})
+        print_json({"node": node, DRAINED_FIELD: False, "was_drained": was_drained})
     elif was_drained:
         out().print(f"{node} is open for claims again.")
     else:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from gpuclaim.cli.common import AppState, out, print_json, waiting
 from gpuclaim.core.errors import GpuclaimError, UsageError
-from gpuclaim.core.states import UNSUCCESSFUL_STATES
+from gpuclaim.core.states import UNSUCCESSFUL_STATES, JobState
 
 
 def array_request(
@@ -134,15 +134,24 @@ def grouped_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_array_row(groups[d["_array"]], compact) if "_array" in d else d for d in result]
 
 
+# The state an array's row shows: the first its tasks are in, the worst end first; else done.
+_ARRAY_ROW_ORDER: tuple[str, ...] = (
+    JobState.RUNNING.value,
+    JobState.STARTING.value,
+    JobState.QUEUED.value,
+    *UNSUCCESSFUL_STATES,
+)
+
+
 def _array_row(tasks: list[dict[str, Any]], compact: Any) -> dict[str, Any]:
     array = tasks[0]["array"]
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
-    order = ("running", "starting", "queued", *UNSUCCESSFUL_STATES)  # the worst end first
-    main = next((s for s in order if counts.get(s)), "succeeded")
+    main = next((s for s in _ARRAY_ROW_ORDER if counts.get(s)), JobState.SUCCEEDED.value)
     indices = tuple(int(t["array"]["index"]) for t in tasks)
-    nodes = sorted({n for t in tasks if t["state"] in ("running", "starting") for n in t["nodes"]})
+    on = (JobState.RUNNING, JobState.STARTING)
+    nodes = sorted({n for t in tasks if t["state"] in on for n in t["nodes"]})
     started = [t["started"] for t in tasks if t.get("started")]
     return {
         **tasks[0],

@@ -191,15 +191,20 @@ def job_item(job: Mapping[str, Any]) -> tuple[str, str]:
 
 def remember_view(config_path: Optional[Path], view: Any) -> None:
     """After ``status`` of every node: the claims held now, their holders, the nodes."""
+    from gpuclaim.core.states import GpuState
+
     claims = {r.claim.id: r.claim for r in view.rows if r.claim is not None}
     nodes: dict[str, list[str]] = {}
     for r in view.rows:
         if r.index is not None:
             nodes.setdefault(r.node, []).append(r.state)
     described = [
-        (name, f"{states.count('free')}/{len(states)} GPUs free") for name, states in nodes.items()
+        (name, f"{states.count(GpuState.FREE)}/{len(states)} GPUs free")
+        for name, states in nodes.items()
     ]
-    described += [(name, "unreachable") for name in view.unreachable if name not in nodes]
+    described += [
+        (name, GpuState.UNREACHABLE.value) for name in view.unreachable if name not in nodes
+    ]
     remember(
         config_path,
         replace={"claims": [claim_item(c) for c in claims.values()], "nodes": described},

@@ -9,6 +9,7 @@ import time
 from typing import Any, Optional
 
 from gpuclaim.cli.common import AppState
+from gpuclaim.core.states import JobState
 
 FOLLOW_POLL_S = 0.5
 LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
@@ -27,7 +28,8 @@ class FirstRead:
         self.for_log = ""
 
     def start(self, job: Any) -> None:
-        if job.state not in ("starting", "running") or not job.ranks or not job.ranks[0].log:
+        running = job.state in (JobState.STARTING, JobState.RUNNING)
+        if not running or not job.ranks or not job.ranks[0].log:
             return
         rank = job.ranks[0]
         self.for_log = rank.log
@@ -76,8 +78,8 @@ def follow_log(
             final = ended(job.state)
             if not final and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_EVERY_S
-                if observed_state(job, st.store.snapshot().claims) == "lost":
-                    job, final = job.with_(state="lost"), True
+                if observed_state(job, st.store.snapshot().claims) == JobState.LOST:
+                    job, final = job.with_(state=JobState.LOST.value), True
             try:
                 # the node answers at once when there is output, else waits for the next
                 # line; the job's state is read between reads, so its end is seen within

@@ -11,7 +11,14 @@ from rich.text import Text
 
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim, parse_iso
-from gpuclaim.core.states import STATE_STYLE
+from gpuclaim.core.states import (
+    FaceState,
+    GpuState,
+    JobState,
+    face_style,
+    style_of_face,
+    style_of_job,
+)
 from gpuclaim.engine.cluster import ClusterView, GpuRow
 from gpuclaim.engine.reservations import booking_phrase
 
@@ -37,23 +44,24 @@ def _status_cells(
     row: GpuRow, now: float, view: ClusterView, usage: dict[str, dict[str, Any]]
 ) -> list[Any]:
     g = row.gpu
-    state = Text(row.state, style=STATE_STYLE.get(row.state, ""))
-    if row.node in view.drains and row.state == "free":
-        state = Text("free (drained)", style="dim green")
+    state = Text(row.state, style=style_of_face(row.state))
+    if row.node in view.drains and row.state == GpuState.FREE:
+        state = Text("free (drained)", style=face_style(FaceState.DRAINED))
     holder = row.claim.user if row.claim else ""
     left = _left(row.claim, now) if row.claim else ""
     note = ""
     if row.claim is not None:
         note = row.claim.note or (f"job {row.claim.job}" if row.claim.job else "")
-    if row.reason and row.state != "claimed":
+    if row.reason and row.state != GpuState.CLAIMED:
         note = row.reason if not note else f"{note} ({row.reason})"
-    if row.claim is not None and row.state == "claimed" and row.reason:
+    if row.claim is not None and row.state == GpuState.CLAIMED and row.reason:
         note = f"{note} ({row.reason})".strip()
     if row.booking is not None:
-        holder = holder or (row.booking.user if row.state == "reserved" else "")
-        left = left or (format_duration(row.booking.end - now) if row.state == "reserved" else "")
-        note = booking_note(row, now) if row.state == "reserved" else note
-        if row.state != "reserved":
+        booked = row.state == GpuState.RESERVED
+        holder = holder or (row.booking.user if booked else "")
+        left = left or (format_duration(row.booking.end - now) if booked else "")
+        note = booking_note(row, now) if booked else note
+        if not booked:
             note = f"{note}; {booking_note(row, now)}" if note else booking_note(row, now)
     use = usage.get(row.claim.id) if row.claim is not None else None
     if use and use.get("idle"):
@@ -75,16 +83,26 @@ def booking_note(row: GpuRow, now: float) -> str:
     return booking_phrase(row.booking, now) if row.booking is not None else ""
 
 
+# status's summary line: the counts after the free ones, in this order.
+_SUMMARY_STATES = (
+    GpuState.RESERVED,
+    GpuState.CLAIMED,
+    GpuState.BUSY_UNCLAIMED,
+    GpuState.STALE,
+    GpuState.UNREACHABLE,
+)
+
+
 def status_summary(view: ClusterView) -> str:
     counts: dict[str, int] = {}
     for row in view.rows:
         if row.index is not None:
             counts[row.state] = counts.get(row.state, 0) + 1
     total = sum(counts.values())
-    parts = [f"{counts.get('free', 0)}/{total} GPUs free"]
-    for state in ("reserved", "claimed", "busy-unclaimed", "stale", "unreachable"):
+    parts = [f"{counts.get(GpuState.FREE, 0)}/{total} GPUs free"]
+    for state in _SUMMARY_STATES:
         if counts.get(state):
-            parts.append(f"{counts[state]} {state}")
+            parts.append(f"{counts[state]} {state.value}")
     return " · ".join(parts)
 
 
@@ -149,7 +167,7 @@ def doctor_table(report: Sequence[NodeHealth]) -> Table:
         table.add_column(col, no_wrap=True)
     for h in report:
         if not h.reachable:
-            table.add_row(h.node, Text("unreachable", style="red"), *[""] * 7)
+            table.add_row(h.node, Text(GpuState.UNREACHABLE.value, style="red"), *[""] * 7)
             continue
         skew = "" if h.clock_skew_s is None else f"{h.clock_skew_s:+.1f}s"
         table.add_row(
@@ -174,19 +192,6 @@ def _path_word(path: Optional[str]) -> str:
     return "(one-shot)" if path.startswith("one-shot") else "(local)"
 
 
-JOB_STYLE = {
-    "running": "green",
-    "starting": "green",
-    "queued": "yellow",
-    "succeeded": "dim green",
-    "failed": "red",
-    "timeout": "magenta",
-    "killed": "dim",
-    "lost": "bold red",
-    "cancelled": "dim",
-}
-
-
 def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     from gpuclaim.core.model import parse_iso
 
@@ -195,11 +200,11 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
         table.add_column(col, no_wrap=col != "COMMAND", overflow="fold")
     for d in rows:
         state = d.get("state_text") or d["state"]
-        if state == "queued" and d.get("queue_position"):
+        if state == JobState.QUEUED and d.get("queue_position"):
             state = f"queued #{d['queue_position']}"
         started = parse_iso(d.get("started"))
         ends = parse_iso(d.get("ends"))
-        left = format_duration(ends - now) if ends and d["state"] == "running" else ""
+        left = format_duration(ends - now) if ends and d["state"] == JobState.RUNNING else ""
         nodes = ",".join(d.get("nodes") or []) or (d.get("pinned_node") or "")
         gpus = ",".join(map(str, d.get("gpus") or [])) or str(d.get("gpus_per_node", ""))
         table.add_row(
@@ -207,7 +212,7 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
             d["user"],
             nodes,
             gpus,
-            Text(state, style=JOB_STYLE.get(d["state"], "")),
+            Text(state, style=style_of_job(d["state"])),
             "" if d.get("exit_code") is None else str(d["exit_code"]),
             _clock(started) if started else "",
             left,

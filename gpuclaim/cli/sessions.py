@@ -14,6 +14,7 @@ from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.cli.jobs import _exec_outside_tmux, _submit_and_report
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.states import JobState
 
 
 def shell(
@@ -79,10 +80,10 @@ def notebook(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = find_job(st.store, st.user, job.id, active_only=False)
-        if job.port or job.state not in ("starting", "running"):
+        if job.port or job.state not in (JobState.STARTING, JobState.RUNNING):
             break
         time.sleep(0.5)
-    if job.state not in ("starting", "running"):
+    if job.state not in (JobState.STARTING, JobState.RUNNING):
         raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
     import shlex
 
