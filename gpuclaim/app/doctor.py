@@ -10,6 +10,8 @@ from gpuclaim.core.config import Config, NodeConfig, parse_storage_url
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import NodeInventory
+from gpuclaim.core.protocol import DOCTOR, DoctorRequest, DoctorResponse
+from gpuclaim.engine.channel import ask
 from gpuclaim.engine.cluster import NodeProber
 from gpuclaim.remote.channels import NodeChannels
 from gpuclaim.store import Store
@@ -69,32 +71,33 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
     return report
 
 
-def _check(config: Config, prober: NodeProber, node: NodeConfig) -> tuple[dict[str, Any], float]:
-    args: dict[str, Any] = {
-        "node": node.name,
-        "nvidia_smi": list(node.nvidia_smi),
-        "env": dict(node.env),
-        "timeout": config.limits.probe_timeout_s,
-    }
-    # Nodes must see the store at that path, ssh:// storage too: jobs' wrappers use it there.
-    args["storage"] = config.store_root_on_nodes
+def _check(config: Config, prober: NodeProber, node: NodeConfig) -> tuple[DoctorResponse, float]:
+    request = DoctorRequest(
+        node=node.name,
+        nvidia_smi=list(node.nvidia_smi),
+        env=dict(node.env),
+        timeout=config.limits.probe_timeout_s,
+        # Nodes must see the store at that path, ssh:// storage too: jobs' wrappers use it.
+        storage=config.store_root_on_nodes,
+    )
     before = time.time()
     channel = prober.channels.to_node(node)
-    facts = channel.call("doctor", args, config.limits.probe_timeout_s + 10)
+    facts = ask(channel, DOCTOR, request, config.limits.probe_timeout_s + 10)
     after = time.time()
     return facts, float(facts["time"]) - (before + after) / 2
 
 
 def _judge(
     name: str,
-    facts: dict[str, Any],
+    facts: DoctorResponse,
     offset: float,
     storage_offset: Optional[float],
     secs: float,
     store_id: Optional[str] = None,
     mount_fix: str = MOUNT_FIX,
 ) -> NodeHealth:
-    inv = NodeInventory.from_dict(facts["inventory"]) if facts.get("inventory") else None
+    probed = facts.get("inventory")
+    inv = NodeInventory.from_dict(probed) if probed else None
     h = NodeHealth(
         name,
         reachable=True,

@@ -8,15 +8,19 @@ only ever holds a ``Channels``, handed to it by whoever wires the command (app, 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gpuclaim.core.config import NodeConfig
 
+if TYPE_CHECKING:  # types alone: every look at a node goes through here
+    from gpuclaim.core.protocol import Op, OpName, Req, Resp
+
 
 class NodeChannel(Protocol):
-    def call(self, op: str, args: Mapping[str, Any], timeout: float) -> Any:
-        """Run one agent op (``gpuclaim.node.agent``) there; its result, or its error raised
-        as ours (``gpuclaim.core.errors.error_from_wire``)."""
+    def call(self, op: OpName, args: Mapping[str, Any], timeout: float) -> Any:
+        """Run one agent op (``gpuclaim.node.agent``) there; its result as JSON gave it, or
+        its error raised as ours (``gpuclaim.core.errors.error_from_wire``). Typed callers
+        use ``ask``."""
         ...
 
 
@@ -28,3 +32,9 @@ class Channels(Protocol):
     def to_host(self, host: str) -> NodeChannel:
         """The channel to an SSH host that is not a node (``storage = "ssh://HOST/..."``)."""
         ...
+
+
+def ask(channel: NodeChannel, op: Op[Req, Resp], request: Req, timeout: float) -> Resp:
+    """``op`` with its typed request (``core/protocol.py``), its typed response: the one place
+    an answer comes off the wire untyped, taken for what the protocol says it is."""
+    return cast("Resp", channel.call(op.name, request, timeout))

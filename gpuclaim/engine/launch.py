@@ -14,6 +14,38 @@ from gpuclaim.core.config import Config, NodeConfig, WorkEnv
 from gpuclaim.core.errors import ConflictError, GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import Claim, Job, JobRank
+from gpuclaim.core.protocol import (
+    KEEP_QUEUE,
+    LAUNCH,
+    NODE_FACTS,
+    PRUNE_COPIES,
+    PULL_SOURCE,
+    READ_LOG,
+    STOP_SESSION,
+    SYNC_READY,
+    SYNC_TARGET,
+    GangEnv,
+    KeeperSpec,
+    KeepQueueRequest,
+    KeepQueueResponse,
+    LaunchRequest,
+    LaunchResponse,
+    NodeFactsRequest,
+    NodeFactsResponse,
+    Op,
+    PruneCopiesRequest,
+    PullSourceRequest,
+    PullSourceResponse,
+    RankSpec,
+    ReadLogRequest,
+    Req,
+    Resp,
+    StopSessionRequest,
+    SyncReadyRequest,
+    SyncTargetRequest,
+)
+from gpuclaim.core.states import JobState
+from gpuclaim.engine.channel import ask
 from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
@@ -25,50 +57,60 @@ CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plu
 
 
 class NodeOps:
-    """Job operations on nodes, through the prober's channels."""
+    """Job operations on nodes, through the prober's channels: one method per agent op, typed
+    by its pair in ``core/protocol.py``."""
 
     def __init__(self, config: Config, prober: NodeProber) -> None:
         self.config = config
         self.prober = prober
 
-    def _call(self, node: NodeConfig, op: str, **args: Any) -> Any:
-        return self.prober.channels.to_node(node).call(op, args, 60.0)
+    def _call(self, node: NodeConfig, op: Op[Req, Resp], request: Req) -> Resp:
+        return ask(self.prober.channels.to_node(node), op, request, 60.0)
 
-    def launch(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call(node, "launch", spec=spec))
+    def launch(self, node: NodeConfig, spec: RankSpec) -> LaunchResponse:
+        return self._call(node, LAUNCH, LaunchRequest(spec=spec))
 
-    def keep_queue(self, node: NodeConfig, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call(node, "keep_queue", spec=spec))
+    def keep_queue(self, node: NodeConfig, spec: KeeperSpec) -> KeepQueueResponse:
+        return self._call(node, KEEP_QUEUE, KeepQueueRequest(spec=spec))
 
     def stop_session(self, node: NodeConfig, session: str) -> bool:
-        return bool(self._call(node, "stop_session", session=session))
+        return bool(self._call(node, STOP_SESSION, StopSessionRequest(session=session)))
 
     def read_log(
         self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0, wait_s: float = 0.0
     ) -> dict[str, Any]:
-        """``wait_s``: the node waits that long for the log to grow past ``offset``."""
-        return dict(
-            self._call(node, "read_log", path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
-        )
+        """``wait_s``: the node waits that long for the log to grow past ``offset``. A
+        ``ReadLogResponse``, as a plain dict while its readers (cli/follow) hold one."""
+        request = ReadLogRequest(path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
+        answer = self._call(node, READ_LOG, request)
+        return dict(answer)
 
-    def facts(self, node: NodeConfig) -> dict[str, Any]:
-        return dict(self._call(node, "node_facts"))
+    def facts(self, node: NodeConfig) -> NodeFactsResponse:
+        return self._call(node, NODE_FACTS, NodeFactsRequest())
 
     def sync_target(
-        self, node: NodeConfig, key: str, job_id: str, files: Sequence[str], reuse: bool
+        self,
+        node: NodeConfig,
+        key: str,
+        job_id: str,
+        files: Optional[Sequence[str]],
+        reuse: bool,
     ) -> dict[str, Any]:
-        return dict(
-            self._call(node, "sync_target", key=key, job_id=job_id, files=files, reuse=reuse)
-        )
+        """A ``SyncTargetResponse``, as a plain dict while its reader (engine/sync's
+        ``TreeCopier.push_tree``) takes one."""
+        request = SyncTargetRequest(key=key, job_id=job_id, files=files, reuse=reuse)
+        answer = self._call(node, SYNC_TARGET, request)
+        return dict(answer)
 
     def sync_ready(self, node: NodeConfig, key: str, job_id: str) -> None:
-        self._call(node, "sync_ready", key=key, job_id=job_id)
+        self._call(node, SYNC_READY, SyncReadyRequest(key=key, job_id=job_id))
 
     def prune_copies(self, node: NodeConfig, remove: list[str], known: list[str]) -> list[str]:
-        return list(self._call(node, "prune_copies", remove=remove, known=known)["removed"])
+        request = PruneCopiesRequest(remove=remove, known=known)
+        return list(self._call(node, PRUNE_COPIES, request)["removed"])
 
-    def pull_source(self, node: NodeConfig, directory: str, paths: list[str]) -> dict[str, Any]:
-        return dict(self._call(node, "pull_source", directory=directory, paths=paths))
+    def pull_source(self, node: NodeConfig, directory: str, paths: list[str]) -> PullSourceResponse:
+        return self._call(node, PULL_SOURCE, PullSourceRequest(directory=directory, paths=paths))
 
     @property
     def copier(self) -> Optional[TreeCopier]:
@@ -145,7 +187,7 @@ def place_and_claim(
 def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
     """Launch every rank's tmux session; if one cannot start, stop the others and give the
     GPUs back: a job runs whole or not at all."""
-    gang: dict[str, Any] = {}
+    gang: GangEnv = {}
     if len(job.ranks) > 1:
         facts = ops.facts(config.node(job.ranks[0].node))
         gang = {
@@ -159,7 +201,7 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
     try:
         for r in job.ranks:
             node = config.node(r.node)
-            spec = rank_spec(config, store, job, r, node, dict(gang, NODE_RANK=r.rank))
+            spec = rank_spec(config, store, job, r, node, {**gang, "NODE_RANK": r.rank})
             answer = ops.launch(node, spec)
             workenv = spec["workenv"]
             store.update_job(
@@ -181,7 +223,9 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
             except GpuclaimError:
                 pass
         for r in job.ranks:
-            finish_rank(store, job, r.rank, "failed", None, f"could not start: {exc.message}")
+            finish_rank(
+                store, job, r.rank, JobState.FAILED, None, f"could not start: {exc.message}"
+            )
         raise
     return reload_job(store, job)
 
@@ -205,13 +249,13 @@ def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> 
     return [name for name, outcome in outcomes.items() if outcome.ok]
 
 
-def keeper_spec(config: Config, node: str) -> dict[str, Any]:
+def keeper_spec(config: Config, node: str) -> KeeperSpec:
     return {"node": node, "store_root": config.store_root_on_nodes, "config": config.raw}
 
 
 def rank_spec(
-    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: dict[str, Any]
-) -> dict[str, Any]:
+    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: GangEnv
+) -> RankSpec:
     """All a node needs to run one rank on its own, laptop closed."""
     workenv = config.workenv_of(node, WorkEnv(venv=job.venv, conda=job.conda))
     return {

@@ -9,6 +9,9 @@ Requests: ``{"op": "probe", ...}``, ``{"op": "doctor", ...}``, and
 ``{"op": "store", "root": PATH, "method": NAME, "args": {...}}`` which runs one claim-store
 operation on this host, so laptops that do not mount the storage get the same atomic claims
 and the storage host's clock.
+
+Each op's request and response are typed in ``gpuclaim.core.protocol`` (imported here to
+type-check only: at runtime they are the JSON's plain dicts).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from gpuclaim.core.errors import GpuclaimError, error_to_wire
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Optional
+
+    from gpuclaim.core import protocol
 
 # Each request imports only what it needs: the agent starts once per request, and a first
 # look at a node pays every import (platform, shutil, subprocess: only for the ops using them).
@@ -44,7 +49,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"type": "GpuclaimError", "message": message}}
 
 
-def _probe(request: dict[str, Any]) -> dict[str, Any]:
+def _probe(request: protocol.ProbeRequest) -> protocol.ProbeResponse:
     from gpuclaim.node.probe.local import probe_local
 
     inv = probe_local(
@@ -57,33 +62,28 @@ def _probe(request: dict[str, Any]) -> dict[str, Any]:
     return inv.to_dict()
 
 
-def _doctor(request: dict[str, Any]) -> dict[str, Any]:
+def _doctor(request: protocol.DoctorRequest) -> protocol.DoctorResponse:
     """Facts about this node for ``gpuclaim doctor``; each check independent of the others."""
     import platform
     import shutil
 
-    facts: dict[str, Any] = {
+    facts: protocol.DoctorResponse = {
         "python": platform.python_version(),
         "agent_version": __version__,
         "protocol": AGENT_PROTOCOL,
         "time": time.time(),
         "hostname": platform.node(),
+        "tmux": _tmux_version(shutil.which("tmux")),
+        "nvidia_smi": shutil.which("nvidia-smi"),
+        "pynvml": _has_pynvml(),
+        "inventory": _probe(request) if request.get("node") else None,
     }
-    tmux = shutil.which("tmux")
-    facts["tmux"] = _version_of([tmux, "-V"]) if tmux else None
-    facts["nvidia_smi"] = shutil.which("nvidia-smi")
-    try:
-        import pynvml  # noqa: F401
-
-        facts["pynvml"] = True
-    except ImportError:
-        facts["pynvml"] = False
-    facts["inventory"] = _probe(request) if request.get("node") else None
-    if facts["inventory"]:
+    inventory = facts["inventory"]
+    if inventory:
         from gpuclaim.node.probe.persistence import persistence_off
 
         facts["persistence_off"] = persistence_off(
-            str(facts["inventory"].get("source")),
+            str(inventory.get("source")),
             tuple(request.get("nvidia_smi") or ()),
             dict(request.get("env") or {}),
         )
@@ -94,7 +94,19 @@ def _doctor(request: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def _storage_facts(root: Path) -> dict[str, Any]:
+def _tmux_version(tmux: Optional[str]) -> Optional[str]:
+    return _version_of([tmux, "-V"]) if tmux else None
+
+
+def _has_pynvml() -> bool:
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _storage_facts(root: Path) -> protocol.StorageFacts:
     from gpuclaim.store import ClaimStore
 
     store = ClaimStore(root)
@@ -124,7 +136,7 @@ def _version_of(argv: list[Any]) -> str:
     return (proc.stdout or proc.stderr).strip()
 
 
-def _store(request: dict[str, Any]) -> Any:
+def _store(request: protocol.StoreRequest) -> protocol.StoreResponse:
     """One method of the store's interface (``gpuclaim.store.interface.Store``), run here."""
     from gpuclaim.store import STORE_CODEC, STORE_METHODS, ClaimStore
 
@@ -137,25 +149,25 @@ def _store(request: dict[str, Any]) -> Any:
     return STORE_CODEC.encode(getattr(store, method)(*args, **kwargs))
 
 
-def _launch(request: dict[str, Any]) -> Any:
+def _launch(request: protocol.LaunchRequest) -> protocol.LaunchResponse:
     from gpuclaim.node.runner import launch_rank
 
     return launch_rank(request["spec"])
 
 
-def _keep_queue(request: dict[str, Any]) -> Any:
+def _keep_queue(request: protocol.KeepQueueRequest) -> protocol.KeepQueueResponse:
     from gpuclaim.node.home import start_keeper
 
     return start_keeper(request["spec"])
 
 
-def _stop_session(request: dict[str, Any]) -> Any:
+def _stop_session(request: protocol.StopSessionRequest) -> protocol.StopSessionResponse:
     from gpuclaim.node.runner import stop_session
 
     return stop_session(str(request["session"]))
 
 
-def _read_log(request: dict[str, Any]) -> Any:
+def _read_log(request: protocol.ReadLogRequest) -> protocol.ReadLogResponse:
     from gpuclaim.node.runner import read_log
 
     return read_log(
@@ -166,13 +178,13 @@ def _read_log(request: dict[str, Any]) -> Any:
     )
 
 
-def _node_facts(request: dict[str, Any]) -> Any:
+def _node_facts(request: protocol.NodeFactsRequest) -> protocol.NodeFactsResponse:
     from gpuclaim.node.runner import node_facts
 
     return node_facts()
 
 
-def _hardware(request: dict[str, Any]) -> Any:
+def _hardware(request: protocol.HardwareRequest) -> protocol.HardwareResponse:
     from gpuclaim.node.hardware import probe_hardware
 
     return probe_hardware()
@@ -191,13 +203,43 @@ def _notify_deliver(request: dict[str, Any]) -> Any:
     return {"sent": report.sent, "pending": report.pending}
 
 
-def _copies() -> Any:
-    from gpuclaim.node import copies
+def _sync_target(request: protocol.SyncTargetRequest) -> protocol.SyncTargetResponse:
+    from gpuclaim.node.copies import sync_target
 
-    return copies
+    files = request.get("files")
+    return sync_target(
+        str(request["key"]),
+        str(request["job_id"]),
+        [str(f) for f in files] if files is not None else None,
+        bool(request.get("reuse")),
+    )
 
 
-_OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
+def _sync_ready(request: protocol.SyncReadyRequest) -> protocol.SyncReadyResponse:
+    from gpuclaim.node.copies import start_spare_builder
+
+    return start_spare_builder(str(request["key"]), str(request["job_id"]))
+
+
+def _pull_source(request: protocol.PullSourceRequest) -> protocol.PullSourceResponse:
+    from gpuclaim.node.copies import pull_source
+
+    return pull_source(str(request["directory"]), list(request["paths"]))
+
+
+def _prune_copies(request: protocol.PruneCopiesRequest) -> protocol.PruneCopiesResponse:
+    from gpuclaim.node.copies import prune_copies
+
+    return prune_copies(list(request["remove"]), list(request["known"]))
+
+
+def _ping(request: protocol.PingRequest) -> protocol.PingResponse:
+    return {"version": __version__, "time": time.time()}
+
+
+# One handler per op of ``core/protocol.py``'s ``OpName``, each taking its op's request and
+# answering its response (tests/unit/test_protocol.py holds the names and types to it).
+_OPS: dict[str, Callable[[Any], object]] = {
     "probe": _probe,
     "doctor": _doctor,
     "store": _store,
@@ -208,14 +250,9 @@ _OPS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "node_facts": _node_facts,
     "notify_deliver": _notify_deliver,
     "hardware": _hardware,
-    "sync_target": lambda r: _copies().sync_target(
-        str(r["key"]),
-        str(r["job_id"]),
-        [str(f) for f in r["files"]] if r.get("files") is not None else None,
-        bool(r.get("reuse")),
-    ),
-    "sync_ready": lambda r: _copies().start_spare_builder(str(r["key"]), str(r["job_id"])),
-    "pull_source": lambda r: _copies().pull_source(str(r["directory"]), list(r["paths"])),
-    "prune_copies": lambda r: _copies().prune_copies(list(r["remove"]), list(r["known"])),
-    "ping": lambda r: {"version": __version__, "time": time.time()},
+    "sync_target": _sync_target,
+    "sync_ready": _sync_ready,
+    "pull_source": _pull_source,
+    "prune_copies": _prune_copies,
+    "ping": _ping,
 }

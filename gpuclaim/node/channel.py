@@ -4,16 +4,19 @@ wrapper or queue keeper, which only ever act on their own node."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.errors import UnreachableError, error_from_wire
 from gpuclaim.engine.cluster import NodeProber
 from gpuclaim.node.agent import handle
 
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import OpName
+
 
 class LocalChannel:
-    def call(self, op: str, args: Mapping[str, Any], timeout: float) -> Any:
+    def call(self, op: OpName, args: Mapping[str, Any], timeout: float) -> Any:
         answer = handle({"op": op, **args})
         if "error" in answer:
             raise error_from_wire(answer["error"])

@@ -25,16 +25,24 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import (
+        PruneCopiesResponse,
+        PullSourceResponse,
+        SyncReadyResponse,
+        SyncTargetResponse,
+    )
 
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
 
 
 def sync_target(
     key: str, job_id: str, files: Optional[list[str]] = None, reuse: bool = False
-) -> dict[str, Any]:
+) -> SyncTargetResponse:
     """The directory for ``job_id``'s copy of project ``key``: the spare tree when ``reuse``
     (rsync will update it in place) and one is there, else a new one holding a copy of the
     newest whole earlier copy's ``files`` (``previous``: its path), else an empty one;
@@ -315,7 +323,7 @@ def _copy_bytes(src: int, dst: int, size: int) -> None:
         shutil.copyfileobj(reader, writer, 1 << 20)
 
 
-def start_spare_builder(key: str, job_id: str) -> dict[str, Any]:
+def start_spare_builder(key: str, job_id: str) -> SyncReadyResponse:
     """``build_spare`` in a detached process (it outlives this request), if a list waits;
     called once the copy is whole, before its job starts."""
     from gpuclaim.node.home import agent_entry, spawn_detached
@@ -332,7 +340,7 @@ def start_spare_builder(key: str, job_id: str) -> dict[str, Any]:
     return {"started": True}
 
 
-def pull_source(directory: str, paths: list[str]) -> dict[str, Any]:
+def pull_source(directory: str, paths: list[str]) -> PullSourceResponse:
     """The job's directory here (``~`` expanded), after checking that each path is inside it
     and there; whether this node has rsync."""
     root = Path(directory).expanduser()
@@ -352,7 +360,7 @@ def pull_source(directory: str, paths: list[str]) -> dict[str, Any]:
 ORPHAN_AFTER_S = 86400.0  # a copy no job record names (its run failed, its record is gone)
 
 
-def prune_copies(remove: list[str], known: list[str]) -> dict[str, Any]:
+def prune_copies(remove: list[str], known: list[str]) -> PruneCopiesResponse:
     """Remove the copies of the jobs in ``remove`` (ended long enough ago), and copies that
     no job of ``known`` names once they are a day old; the directories removed. A project's
     spare goes with its last copy (it holds the same files), and a day-old builder's work

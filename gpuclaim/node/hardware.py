@@ -13,12 +13,15 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import HardwareResponse
 
 MEMORY_MARGIN = 0.02  # RealMemory headroom below MemTotal
 
 
-def probe_hardware(root: str = "/") -> dict[str, Any]:
+def probe_hardware(root: str = "/") -> HardwareResponse:
     """CPUs, sockets, cores per socket, threads per core, memory and GPU minors of this host.
 
     ``sockets``, ``cores_per_socket`` and ``threads_per_core`` are None when the topology does

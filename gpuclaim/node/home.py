@@ -8,7 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import KeeperSpec, KeepQueueResponse
 
 
 def jobs_home() -> Path:
@@ -40,7 +43,7 @@ def agent_entry() -> list[str]:
     return [sys.executable, "-m", "gpuclaim.node.main"]
 
 
-def start_keeper(spec: dict[str, Any]) -> dict[str, Any]:
+def start_keeper(spec: KeeperSpec) -> KeepQueueResponse:
     """Start a keeper for ``spec["node"]`` detached from this session (it outlives the SSH
     command that started it); if one runs already, the new one exits at once."""
     import hashlib  # here: every job's wrapper imports this module (openssl: ~3 ms)

@@ -17,9 +17,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.states import JobState
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import KeeperSpec
 
 POLL_S = 2.0  # how often the store is read: the delay after an expiry is at most this much more
 RETRY_S = 60.0  # a dispatch at least this often (GPUs freed outside gpuclaim's view)
@@ -30,7 +34,7 @@ def run_keeper(spec_path: str) -> int:
     from gpuclaim.core.config import parse_config
     from gpuclaim.store import ClaimStore
 
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    spec: KeeperSpec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     node = str(spec["node"])
     config = parse_config(spec["config"])
     store = ClaimStore(Path(spec["store_root"]))
@@ -78,7 +82,7 @@ def _waiting_for(store: Any, node: str) -> bool:
     """Is any queued job one that this node could start on its own?"""
     for entry in store.queue_entries():
         data = store.load_job_dict(job_id=entry.split("-", 1)[1])
-        if not data or data.get("state") != "queued":
+        if not data or data.get("state") != JobState.QUEUED:
             continue
         if data.get("node") in (None, node) and int(data.get("nodes_wanted") or 1) == 1:
             return True

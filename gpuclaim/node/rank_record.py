@@ -10,15 +10,19 @@ from __future__ import annotations
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
+from gpuclaim.core.states import JobState
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import KeeperSpec, WrapperSpec
 
 
 class RankRecord:
     """One rank of a job as its wrapper sees it: the spec, the job, the store."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: WrapperSpec) -> None:
         from gpuclaim.core.model import Job
         from gpuclaim.store import ClaimStore
 
@@ -31,7 +35,7 @@ class RankRecord:
         self.grace_s = float(spec.get("grace_s", 30.0))
         self.sample_s = float(spec.get("sample_s", 60.0))
         self.log_path = Path(spec["log"])
-        self.stop_reason: Optional[str] = None
+        self.stop_reason: Optional[JobState] = None  # killed or timeout: how it ends
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.interactive = self.job.kind == "shell"
         self._notifier: Optional[threading.Thread] = None
@@ -59,7 +63,7 @@ class RankRecord:
         if inventory.error or not all(u in util for u in self.me.gpu_uuids):
             return
         sample = {
-            "since": float(self.spec.get("claim_since", 0.0)) or self.job.submitted,
+            "since": self.job.submitted,
             "utils": [util[u] for u in self.me.gpu_uuids],
         }
         try:
@@ -76,7 +80,7 @@ class RankRecord:
         except GpuclaimError:
             return
         if current and current.get("stop_requested") and self.stop_reason is None:
-            self.stop_reason = "killed"
+            self.stop_reason = JobState.KILLED
             self.job = self.job.with_(stop_requested=current["stop_requested"])
 
     def _record_start(self, started: float) -> None:
@@ -87,7 +91,7 @@ class RankRecord:
                 job_id=self.job.id,
                 changes={},
                 rank=self.rank,
-                rank_changes={"state": "running", "started": iso(started)},
+                rank_changes={"state": JobState.RUNNING, "started": iso(started)},
             )
         except IllegalTransition:
             # Its end was recorded first (killed, or judged lost, while it was starting):
@@ -96,8 +100,8 @@ class RankRecord:
             return
         result = self.store.update_job(
             job_id=self.job.id,
-            changes={"state": "running", "started": iso(started)},
-            only_from=["starting"],
+            changes={"state": JobState.RUNNING, "started": iso(started)},
+            only_from=[JobState.STARTING],
         )
         if result["applied"]:
             from gpuclaim.core.events import job_event
@@ -123,7 +127,7 @@ class RankRecord:
         except GpuclaimError:
             pass  # the next deliverer (any gpuclaim call, this job's end) tries again
 
-    def _finish(self, state: str, exit_code: Optional[int], reason: str) -> int:
+    def _finish(self, state: JobState, exit_code: Optional[int], reason: str) -> int:
         from gpuclaim.engine.job_records import finish_rank
 
         finish_rank(self.store, self.job, self.rank, state, exit_code, reason, self._log_tail())
@@ -140,9 +144,7 @@ class RankRecord:
     def _after_end(self) -> None:
         """Our GPUs are free: start queued jobs that fit on this node (no daemon needed), then
         tell Slack, from here, since the laptop may be closed."""
-        raw = self.spec.get("config")
-        if raw is None:
-            return
+        raw = self.spec["config"]  # always there: rank_spec writes the config it ran with
         try:
             from gpuclaim.core.config import parse_config
             from gpuclaim.engine.dispatch import dispatch_queue
@@ -155,8 +157,12 @@ class RankRecord:
             if self.store.queue_entries():  # still waiting: someone must notice expiries here
                 from gpuclaim.node.home import start_keeper
 
-                root = self.spec["store_root"]
-                start_keeper({"node": self.me.node, "store_root": root, "config": raw})
+                keeper: KeeperSpec = {
+                    "node": self.me.node,
+                    "store_root": self.spec["store_root"],
+                    "config": raw,
+                }
+                start_keeper(keeper)
             if self._notifier is not None:
                 self._notifier.join(timeout=10)
             if config.slack.webhook_url:

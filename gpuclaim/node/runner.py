@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuclaim.core.errors import GpuclaimError, NameInUseError
 from gpuclaim.node.home import agent_entry, jobs_home
@@ -25,8 +25,17 @@ from gpuclaim.node.tmux import (
     tmux_binary,
 )
 
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import (
+        LaunchResponse,
+        NodeFactsResponse,
+        RankSpec,
+        ReadLogResponse,
+        WrapperSpec,
+    )
 
-def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
+
+def launch_rank(spec: RankSpec) -> LaunchResponse:
     """Start the tmux session of one rank; the wrapper inside takes it from there."""
     job = spec["job"]
     rank = int(spec["rank"])
@@ -39,11 +48,11 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     ranks = job.get("ranks") or []
     node = str(ranks[rank]["node"]) if rank < len(ranks) else socket.gethostname()
     run_dir, note = resolve_workdir(job, node)
-    spec = dict(spec, log=str(log_path), run_dir=run_dir)
+    wrapper_spec: WrapperSpec = {**spec, "log": str(log_path), "run_dir": run_dir}
     # The spec carries the config, and with it the Slack webhook (a secret): owner only.
     fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(spec))
+        fh.write(json.dumps(wrapper_spec))
     with open(log_path, "ab") as log:
         if note:
             log.write(f"gpuclaim: {note}\n".encode())  # what a follower sees first
@@ -53,8 +62,14 @@ def launch_rank(spec: dict[str, Any]) -> dict[str, Any]:
     except SessionExistsError as exc:
         shutil.rmtree(job_dir, ignore_errors=True)  # this rank's own files (a gang shares a home)
         raise NameInUseError(exc.message) from None
-    answer = {"session": session, "log": str(log_path), "host": socket.gethostname()}
-    return dict(answer, workdir=run_dir, note=note)
+    host = socket.gethostname()
+    return {
+        "session": session,
+        "log": str(log_path),
+        "host": host,
+        "workdir": run_dir,
+        "note": note,
+    }
 
 
 def resolve_workdir(job: dict[str, Any], node: str) -> tuple[str, str]:
@@ -100,7 +115,7 @@ def read_log(
     tail_lines: int = 0,
     limit: int = 1 << 20,
     wait_s: float = 0.0,
-) -> dict[str, Any]:
+) -> ReadLogResponse:
     """A slice of a log: from ``offset``, or its last ``tail_lines`` lines. With ``wait_s``,
     waits that long for the log to grow past ``offset`` first (a follower's long poll: the
     next line reaches it within a few ms, not at its next round trip)."""
@@ -142,7 +157,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def node_facts() -> dict[str, Any]:
+def node_facts() -> NodeFactsResponse:
     return {
         "hostname": socket.gethostname(),
         "port": free_port(),

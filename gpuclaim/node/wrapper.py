@@ -17,11 +17,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.states import JobState
 from gpuclaim.node.rank_record import RankRecord
 from gpuclaim.node.workenv import ShellRun, job_environment
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import WrapperSpec
 
 POLL_S = 0.5
 DRAIN_S = 0.2  # after the job ended: how long its output may still take to arrive
@@ -32,7 +36,7 @@ class Wrapper(RankRecord):
     """Runs one rank of a job from its spec file to the recorded end: the process, its
     environment, its output and its time limit (what it records: ``RankRecord``)."""
 
-    def __init__(self, spec: dict[str, Any], shell: Optional[ShellRun] = None) -> None:
+    def __init__(self, spec: WrapperSpec, shell: Optional[ShellRun] = None) -> None:
         super().__init__(spec)
         self.shell = shell  # the login shell, started before the rest was imported
 
@@ -45,11 +49,11 @@ class Wrapper(RankRecord):
             env, error = self._environment()
             if error:
                 log.write(f"gpuclaim: {error}\n".encode())
-                return self._finish("failed", None, error)
+                return self._finish(JobState.FAILED, None, error)
             return self._supervise(env, log)
         except Exception as exc:  # the claim must be released whatever went wrong
             log.write(f"gpuclaim: wrapper error: {exc}\n".encode())
-            return self._finish("failed", None, f"wrapper error: {exc}")
+            return self._finish(JobState.FAILED, None, f"wrapper error: {exc}")
         finally:
             if self.shell is not None:
                 self.shell.stop()  # not needed after all, if it was not read
@@ -57,7 +61,7 @@ class Wrapper(RankRecord):
 
     def _on_hangup(self, signum: int, frame: Any) -> None:
         # The tmux session or server went away: stop the job rather than leave it unmanaged.
-        self.stop_reason = self.stop_reason or "killed"
+        self.stop_reason = self.stop_reason or JobState.KILLED
 
     def _environment(self) -> tuple[dict[str, str], Optional[str]]:
         try:
@@ -85,7 +89,7 @@ class Wrapper(RankRecord):
             visible = ",".join(self.me.gpu_uuids)
         else:
             visible = ",".join(str(index_of[u]) for u in self.me.gpu_uuids)
-        workenv = self.spec.get("workenv") or {}
+        workenv = self.spec["workenv"]
         try:
             env = job_environment(
                 dict(os.environ),
@@ -115,7 +119,7 @@ class Wrapper(RankRecord):
 
     def _placed_indices(self) -> Optional[dict[str, int]]:
         """The GPUs' indices as the placement probe saw them, if that was moments ago."""
-        placed = self.spec.get("placed") or {}
+        placed = self.spec["placed"]
         indices = placed.get("indices") or {}
         if set(indices) != set(self.me.gpu_uuids):
             return None
@@ -160,7 +164,7 @@ class Wrapper(RankRecord):
             argv = self._resolve_argv(env)
         except GpuclaimError as exc:
             log.write(f"gpuclaim: {exc}\n".encode())
-            return self._finish("failed", None, str(exc))
+            return self._finish(JobState.FAILED, None, str(exc))
         try:
             if self.interactive:
                 self.child = subprocess.Popen(argv, cwd=cwd, env=env)
@@ -177,7 +181,7 @@ class Wrapper(RankRecord):
         except OSError as exc:
             message, code = self._start_error(exc, argv[0], cwd)
             log.write(f"gpuclaim: {message}\n".encode())
-            return self._finish("failed", code, message)
+            return self._finish(JobState.FAILED, code, message)
         # The output goes to the log from its first byte, in a thread of its own: a follower
         # sees the job's first line without waiting for the store (recording the start
         # writes the job's record and an event: on NFS, many ms).
@@ -198,7 +202,7 @@ class Wrapper(RankRecord):
                 pass
             now = time.monotonic()
             if self.stop_reason is None and now > deadline:
-                self.stop_reason = "timeout"
+                self.stop_reason = JobState.TIMEOUT
             if now > next_check:
                 next_check = now + 1.0
                 self._check_stop_request()
@@ -224,13 +228,14 @@ class Wrapper(RankRecord):
             pump.join(DRAIN_S)  # the pipe closed with them: its last bytes, then the end
         code = self.child.returncode
         exit_code = code if code >= 0 else 128 - code
-        if self.stop_reason == "timeout":
-            return self._finish("timeout", exit_code, "time limit reached")
+        if self.stop_reason == JobState.TIMEOUT:
+            return self._finish(JobState.TIMEOUT, exit_code, "time limit reached")
         if self.stop_reason is not None:
-            return self._finish("killed", exit_code, self.job.stop_requested or "killed")
+            reason = self.job.stop_requested or JobState.KILLED.value
+            return self._finish(JobState.KILLED, exit_code, reason)
         if code == 0:
-            return self._finish("succeeded", 0, "")
-        return self._finish("failed", exit_code, f"exit status {exit_code}")
+            return self._finish(JobState.SUCCEEDED, 0, "")
+        return self._finish(JobState.FAILED, exit_code, f"exit status {exit_code}")
 
     def _check_workdir(self, cwd: str) -> None:
         """Say which path is missing, and where: not ``cannot start 'python3'``."""
@@ -286,9 +291,9 @@ class Wrapper(RankRecord):
 
 
 def run_wrapper(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    spec: WrapperSpec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     # The user's profile runs while the wrapper imports what it records the job with.
-    workenv = spec.get("workenv") or {}
+    workenv = spec["workenv"]
     login, conda = bool(workenv.get("login_shell", False)), str(workenv.get("conda") or "")
     shell = ShellRun.start(dict(os.environ), login, conda) if login or conda else None
     return Wrapper(spec, shell).run()

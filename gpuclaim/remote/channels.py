@@ -19,6 +19,7 @@ from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.remote.ssh import config_for_ssh_binary
 
 if TYPE_CHECKING:
+    from gpuclaim.core.protocol import OpName
     from gpuclaim.remote.tree_copy import TreeCopies
 
 
@@ -27,7 +28,7 @@ class SshChannel:
         self.agent = agent
         self.host = host
 
-    def call(self, op: str, args: Mapping[str, Any], timeout: float) -> Any:
+    def call(self, op: OpName, args: Mapping[str, Any], timeout: float) -> Any:
         return self.agent.call(self.host, {"op": op, **args}, timeout)
 
 

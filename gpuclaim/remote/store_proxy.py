@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuclaim.core.errors import StorageRefusesWrites
 from gpuclaim.engine.channel import NodeChannel
 from gpuclaim.store import STORE_CODEC, STORE_METHODS
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import StoreRequest
 
 
 class RemoteStore:
@@ -27,7 +30,7 @@ class RemoteStore:
         self.refusal: Optional[StorageRefusesWrites] = None
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        request = {
+        request: StoreRequest = {
             "root": str(self.root),
             "method": method,
             "args": STORE_CODEC.encode(list(args)),

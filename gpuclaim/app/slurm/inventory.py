@@ -6,19 +6,23 @@ the export that talks to the nodes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.app.slurm.spec import GpuSlot, NodeSpec
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.protocol import HARDWARE, HardwareRequest
+from gpuclaim.core.states import GpuState
+from gpuclaim.engine.channel import ask
 
 if TYPE_CHECKING:
     from gpuclaim.core.config import Config, NodeConfig
     from gpuclaim.core.model import NodeInventory
+    from gpuclaim.core.protocol import HardwareResponse
     from gpuclaim.engine.cluster import NodeProber
 
 
 def node_spec(
-    name: str, hardware: dict[str, Any], inventory: NodeInventory, address: Optional[str] = None
+    name: str, hardware: HardwareResponse, inventory: NodeInventory, address: Optional[str] = None
 ) -> NodeSpec:
     """Join a node's ``hardware`` answer (see gpuclaim.node.hardware) with its GPU probe."""
     from gpuclaim.node.hardware import normalize_bus_id
@@ -67,15 +71,15 @@ def gather_inventory(config: Config, prober: NodeProber) -> tuple[list[NodeSpec]
     inventories = prober.probe(config.nodes)
     by_name = {n.name: n for n in config.nodes}
 
-    def hardware_of(name: str) -> dict[str, Any]:
-        return dict(prober.channels.to_node(by_name[name]).call("hardware", {}, 20.0))
+    def hardware_of(name: str) -> HardwareResponse:
+        return ask(prober.channels.to_node(by_name[name]), HARDWARE, HardwareRequest(), 20.0)
 
     answers = fan_out(list(by_name), hardware_of, config.limits.deadline_s)
     specs, skipped = [], {}
     for name in by_name:
         inv, hw = inventories[name], answers[name]
         if inv.error or not inv.reachable:
-            skipped[name] = inv.error or "unreachable"
+            skipped[name] = inv.error or GpuState.UNREACHABLE.value
         elif not hw.ok or hw.value is None:
             skipped[name] = hw.error or "no hardware answer"
         else:
