@@ -224,7 +224,7 @@ class SshPool:
                 self.forget(alias)
                 if attempt == 2:
                     raise UnreachableError(f"{alias}: connection lost") from None
-        raise AssertionError("unreachable")
+        raise AssertionError("not reached: the second attempt returns or raises")
 
     def forget(self, alias: str) -> None:
         conn = self._conns.pop(alias, None)

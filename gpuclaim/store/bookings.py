@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.booking import Booking
 from gpuclaim.core.errors import ConflictError
+from gpuclaim.core.states import GpuState
 from gpuclaim.store.claims import ClaimsPart
 from gpuclaim.store.files import (
     _discard,
@@ -98,7 +99,7 @@ class BookingsPart(ClaimsPart):
         blocking = []
         for status in snap.claims.values():
             c = status.claim
-            if status.state != "claimed" or c.user == booking.user:
+            if status.state != GpuState.CLAIMED or c.user == booking.user:
                 continue
             if set(c.uuids) & set(booking.uuids) and c.expires > booking.start:
                 blocking.append(c)

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.model import Claim
+from gpuclaim.core.states import GpuState
 from gpuclaim.store.drains import DrainsPart
 from gpuclaim.store.files import (
     INCOMPLETE_GRACE_S,
@@ -120,15 +121,15 @@ class ClaimsPart(DrainsPart):
             present = tuple(sorted(p.uuid for p in parts))
             if len(present) < len(claim.gpus):
                 if self._claimer_alive(claim) and now - claim.since < INCOMPLETE_GRACE_S:
-                    result[claim_id] = ClaimStatus(claim, "claimed", "in progress", present)
+                    result[claim_id] = ClaimStatus(claim, GpuState.CLAIMED, "in progress", present)
                 else:
-                    result[claim_id] = ClaimStatus(claim, "stale", "incomplete", present)
+                    result[claim_id] = ClaimStatus(claim, GpuState.STALE, "incomplete", present)
             elif now >= claim.expires:
-                result[claim_id] = ClaimStatus(claim, "stale", "expired", present)
+                result[claim_id] = ClaimStatus(claim, GpuState.STALE, "expired", present)
             elif claim.job and self._job_lost(claim, (beats or {}).get(claim.id), now):
-                result[claim_id] = ClaimStatus(claim, "stale", "job lost", present)
+                result[claim_id] = ClaimStatus(claim, GpuState.STALE, "job lost", present)
             else:
-                result[claim_id] = ClaimStatus(claim, "claimed", "", present)
+                result[claim_id] = ClaimStatus(claim, GpuState.CLAIMED, "", present)
         return result
 
     def _job_lost(self, claim: Claim, beat: Optional[dict[str, Any]], now: float) -> bool:

@@ -7,7 +7,7 @@ import os
 from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError, StoreError
-from gpuclaim.core.states import check_transition
+from gpuclaim.core.states import JobState, check_transition
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import (
     _beater,
@@ -116,5 +116,5 @@ def _check_states(
     if rank is not None and rank_changes and "state" in rank_changes:
         for r in current.get("ranks") or []:
             if r.get("rank") == rank:
-                old = str(r.get("state", "starting"))
+                old = str(r.get("state", JobState.STARTING))
                 check_transition(old, str(rank_changes["state"]), f"job {job_id} rank {rank}")

@@ -53,7 +53,7 @@ class ClaimStatus:
     """How the store judges one claim right now."""
 
     claim: Claim
-    state: str  # "claimed" or "stale"
+    state: str  # GpuState.CLAIMED or GpuState.STALE (a plain str once it crossed the wire)
     reason: str = ""  # "expired", "incomplete", "in progress"
     present: tuple[str, ...] = ()  # uuids whose files hold this claim
 

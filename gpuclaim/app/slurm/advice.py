@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
+from gpuclaim.core.states import JobState
+
 if TYPE_CHECKING:
     from gpuclaim.core.model import Job
 
@@ -44,7 +46,9 @@ def queue_waits(jobs: Sequence[Job], since: float, now: float) -> list[float]:
     for j in jobs:
         if j.submitted < since:
             continue
-        start = j.started if j.started is not None else (now if j.state == "queued" else None)
+        start = (
+            j.started if j.started is not None else (now if j.state == JobState.QUEUED else None)
+        )
         if start is not None:
             waits.append(max(0.0, start - j.submitted))
     return waits

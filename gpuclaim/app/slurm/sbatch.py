@@ -15,6 +15,7 @@ from gpuclaim.app.slurm.syntax import comment
 from gpuclaim.core.arrays import compact
 from gpuclaim.core.durations import format_slurm_time
 from gpuclaim.core.errors import UsageError
+from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
     from gpuclaim.app.slurm.spec import NodeSpec
@@ -126,7 +127,7 @@ def _dependency_lines(job: Job) -> list[str]:
         kind = "afterany" if dep.any else "afterok"
         lines.append(
             f"# gpuclaim ran this after {comment(dep.name)} "
-            f"{'ended' if dep.any else 'succeeded'}: submit it with "
+            f"{'ended' if dep.any else JobState.SUCCEEDED.value}: submit it with "
             f"sbatch --dependency={kind}:<the SLURM job id of {comment(dep.name)}>"
         )
     return [*lines, ""] if lines else []
