@@ -8,7 +8,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 from urllib.parse import urlsplit
 
 from gpuclaim.core import paths
@@ -17,6 +17,9 @@ from gpuclaim.core.errors import ConfigError, GpuclaimError
 from gpuclaim.core.identity import validate_name
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+# How a node is reached: "local" runs on this machine in-process, "ssh" through the agent.
+Transport = Literal["local", "ssh"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
 DEFAULT_IGNORED_PROCESSES = (
     "Xorg",
     "X",
@@ -85,7 +88,7 @@ class NodeConfig:
 
     name: str
     host: str
-    transport: str = "ssh"  # "local" runs on this machine without SSH
+    transport: Transport = "ssh"  # "local" runs on this machine without SSH
     nvidia_smi: tuple[str, ...] = ()  # argv to use instead of NVML / plain nvidia-smi
     env: tuple[tuple[str, str], ...] = ()
     workenv: WorkEnv = field(default_factory=WorkEnv)  # this node's own [run] settings
@@ -319,10 +322,7 @@ def _user(user: Any) -> Optional[str]:
 def _node(name: str, table: dict[str, Any]) -> NodeConfig:
     _no_unknown(table, _NODE_KEYS, f"node.{name}")
     host = _str(table, "host", name, f"node.{name}.")
-    default_transport = "local" if host in LOCAL_NAMES else "ssh"
-    transport = _str(table, "transport", default_transport, f"node.{name}.")
-    if transport not in ("local", "ssh"):
-        raise ConfigError(f'\'node.{name}.transport\' must be "local" or "ssh", not {transport!r}')
+    transport = _transport(table, name, default="local" if host in LOCAL_NAMES else "ssh")
     smi = table.get("nvidia_smi", ())
     if isinstance(smi, str):
         smi = shlex.split(smi)
@@ -339,6 +339,14 @@ def _node(name: str, table: dict[str, Any]) -> NodeConfig:
         env=tuple(sorted(env.items())),
         workenv=_workenv(table, f"node.{name}"),
     )
+
+
+def _transport(table: dict[str, Any], name: str, default: Transport) -> Transport:
+    value = _str(table, "transport", default, f"node.{name}.")
+    for transport in TRANSPORTS:
+        if value == transport:
+            return transport
+    raise ConfigError(f'\'node.{name}.transport\' must be "local" or "ssh", not {value!r}')
 
 
 def _workenv(table: dict[str, Any], where: str) -> WorkEnv:
