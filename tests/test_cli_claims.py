@@ -8,6 +8,9 @@ import stat
 import time
 
 from conftest import gpu
+from test_reserve import _wait_until
+
+from gpuclaim.core.model import parse_iso
 
 
 def test_status_lists_every_gpu_free(cluster):
@@ -139,7 +142,7 @@ def test_max_gpus_per_user(make_cluster):
 def test_expired_claims_are_stale_then_reclaimed_by_gc_or_next_claim(cluster):
     first = cluster.json("claim", "--gpu", "node02:0", "--time", "1s")
     second = cluster.json("claim", "--gpu", "node02:1", "--time", "1s")
-    time.sleep(1.3)
+    _wait_until(parse_iso(second["expires"]) + 0.05)  # the later of the two has expired
     rows = cluster.by_gpu()
     assert rows[("node02", 0)]["state"] == "stale"
     assert rows[("node02", 0)]["reason"] == "expired"
@@ -199,14 +202,17 @@ def test_drain_blocks_new_claims(cluster):
     assert cluster.json("claim", "--gpu", "node02:0")["node"] == "node02"
 
 
+HELD_S = 1.0  # how long test_history_gpu_hours holds its claim
+
+
 def test_history_gpu_hours(cluster):
     a = cluster.json("claim", "-n", "2", "--node", "node01")
-    time.sleep(1.0)
+    time.sleep(HELD_S)  # deliberately held this long: the least GPU-hours it may count
     cluster.json("release", a["id"])
     cluster.json("claim", "-n", "1", "--node", "node02", user="bob")
     rows = {r["user"]: r for r in cluster.json("history")}
     assert rows["alice"]["claims"] == 1
-    assert 2 * 1.0 / 3600 <= rows["alice"]["gpu_hours"] < 2 * 10 / 3600
+    assert 2 * HELD_S / 3600 <= rows["alice"]["gpu_hours"] < 2 * 10 / 3600
     assert rows["bob"]["claims"] == 1  # still held: counted up to now
     by_node = {r["node"] for r in cluster.json("history", "--by", "node")}
     assert by_node == {"node01", "node02"}

@@ -415,7 +415,7 @@ class Terminal:
         self.wait_for(lambda s: s.rstrip().endswith(text.rstrip()))
         for _ in range(tabs):
             self.keys("Tab")
-            time.sleep(0.3)
+            time.sleep(0.3)  # deliberately: a person's pace, so zsh acts on each TAB alone
         return self.wait_for(lambda s: all(e in s for e in expect))
 
     def close(self) -> None:

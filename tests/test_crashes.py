@@ -16,6 +16,7 @@ import time
 import pytest
 
 from gpuclaim.store import ClaimStore
+from gpuclaim.store.files import LAUNCH_GRACE_S
 
 TRIALS = 200
 
@@ -63,7 +64,7 @@ def test_sigkill_at_random_points_leaves_whole_claims_or_none(make_cluster):
     for trial in range(TRIALS):
         proc = ctx.Process(target=_claim_release_forever, args=(env, trial))
         proc.start()
-        time.sleep(rng.uniform(0.005, 0.25))
+        time.sleep(rng.uniform(0.005, 0.25))  # then kill it at a random point of its work
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         assert proc.exitcode == -signal.SIGKILL
@@ -97,7 +98,7 @@ def test_killed_cli_process_mid_claim(make_cluster):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rng.uniform(0.2, 0.8))
+        time.sleep(rng.uniform(0.2, 0.8))  # then kill it at a random point of its claim
         proc.kill()
         proc.wait()
         _check_invariants(store, after_gc=False)
@@ -150,7 +151,7 @@ def test_sigkill_inside_store_operations(tmp_path):
     for trial in range(TRIALS):
         proc = ctx.Process(target=_store_loop, args=(str(store.root), trial))
         proc.start()
-        time.sleep(rng.uniform(0.01, 0.06))
+        time.sleep(rng.uniform(0.01, 0.06))  # then kill it at a random point of its work
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         _check_invariants(store, after_gc=False)
@@ -198,12 +199,13 @@ def test_sigkill_of_run_and_queue_dispatch_leaves_true_states(make_cluster):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rng.uniform(0.1, 1.2))
+        time.sleep(rng.uniform(0.1, 1.2))  # then kill it at a random point of its run
         proc.kill()
         proc.wait()
         _check_invariants(store, after_gc=False)
-    # Give launches in flight, short jobs and the launch grace time to play out, then collect.
-    time.sleep(18)
+    # Deliberately let the launch grace run out (a killed run's claim with no heartbeat is
+    # lost only after it), past launches in flight and the 1 s jobs, then collect.
+    time.sleep(LAUNCH_GRACE_S + 1)
     cluster.ok("gc")
     cluster.ok("status")  # dispatches what is still queued
     deadline = time.monotonic() + 60

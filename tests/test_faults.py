@@ -176,10 +176,26 @@ def test_full_storage_looking_works_acting_fails_nothing_half_written(small_stor
     c.ok("release", "--all")
 
 
+def _wait_for_node_command(tb, node: str, part: bytes, run, timeout: float = 20.0) -> None:
+    """Until a process of ``node`` has ``part`` in its command line, while ``run`` (a
+    Popen) goes on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in tb.node_processes(node):
+            try:
+                if part in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return
+            except OSError:
+                continue
+        assert run.poll() is None, f"{run.args} ended before {part!r} ran on {node}"
+        assert time.monotonic() < deadline, f"no {part!r} ran on {node} within {timeout}s"
+        time.sleep(0.1)
+
+
 def test_node_sshd_killed_mid_run(testbed, make_remote):
     c = make_remote(testbed, nodes=["node01"], kill_grace="2s", heartbeat="1s")
     c.ok("status")
-    # sshd dies between the claim and the launch: stop it while `run` is in flight
+    # sshd dies while `run` is in flight: stop it while run probes the node
     testbed.set_node("node01", delay_ms=1500)  # the probe is slow: time to pull the plug
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuclaim", "run", "--name", "cut", "--", "sleep", "30"],
@@ -188,7 +204,7 @@ def test_node_sshd_killed_mid_run(testbed, make_remote):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)
+    _wait_for_node_command(testbed, "node01", b"nvidia-smi", proc)
     testbed.stop_node("node01")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode in (1, 3, 4), (out, err)

@@ -59,7 +59,7 @@ def test_idle_claim_is_marked_and_its_holder_told_once(testbed, make_remote):
         for _ in range(3):
             c.ok("status")
         hits = slack.wait_for("looks idle", 1)
-        time.sleep(1.5)
+        slack.let_late_posts_land()
         c.ok("status")
         assert len([t for t in slack.texts() if "looks idle" in t]) == 1
         assert "<@U0ALICE>" in hits[0] or "U0ALICE" in json.dumps(slack.received)
@@ -97,7 +97,7 @@ def test_history_shows_held_versus_busy_gpu_hours(testbed, make_remote):
     testbed.set_gpus("node01", [gpu(utilization_pct=100), gpu(utilization_pct=0)])
     c = make_remote(testbed, nodes=["node01"], extra_toml=IDLE)
     claim = c.json("claim", "-n", "2", "--node", "node01")
-    for _ in range(6):
+    for _ in range(6):  # deliberately spaced looks: each samples the GPUs' use while held
         c.ok("status")
         time.sleep(0.5)
     c.ok("release", claim["id"])

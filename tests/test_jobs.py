@@ -508,34 +508,40 @@ def test_wait_blocks_until_started_and_reports_its_position(jobs_cluster, tmp_pa
         "-c",
         f"while [ ! -e {go} ]; do sleep 0.2; done",
     )
-    waiter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuclaim",
-            "run",
-            "-n",
-            "4",
-            "--node",
-            "node02",
-            "--wait",
-            "--name",
-            "patient",
-            "--json",
-            "--",
-            "true",
-        ],
-        env=c.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(4)
+    said = tmp_path / "waiter.err"  # its stderr, read while it waits
+    with open(said, "w") as stderr:
+        waiter = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuclaim",
+                "run",
+                "-n",
+                "4",
+                "--node",
+                "node02",
+                "--wait",
+                "--name",
+                "patient",
+                "--json",
+                "--",
+                "true",
+            ],
+            env=c.env(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    deadline = time.monotonic() + 30
+    while "position 1" not in said.read_text():  # no spinner off a terminal: plain lines
+        assert waiter.poll() is None, f"it did not wait: {said.read_text()}"
+        assert time.monotonic() < deadline, f"it never said its position: {said.read_text()}"
+        time.sleep(0.2)
     assert waiter.poll() is None  # still waiting
     go.touch()
-    out, errtext = waiter.communicate(timeout=60)
+    out, _ = waiter.communicate(timeout=60)
+    errtext = said.read_text()
     assert waiter.returncode == 0, errtext
-    assert "position 1" in errtext  # no spinner in a pipe: plain lines
     assert "\x1b[" not in errtext
     assert json.loads(out)["state"] in ("starting", "running", "succeeded")
     _wait_state(c, "patient", {"succeeded"})

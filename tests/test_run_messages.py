@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -230,11 +231,27 @@ def test_run_follow_and_logs_f_exit_with_the_jobs_own_code(c):
     one_line_error(c.cli("run", "-f", "--json", "--", "true"), 2, "--follow")
 
 
-def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c):
-    c.ok("run", "--name", "victim", "--", "sleep", "300")
+def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c, tmp_path):
+    go = tmp_path / "go"
+    # the job says "one", then "two" once told to: a follower shows "one" from its first read
+    # of the log (or later), "two" only from its follow loop, where the Ctrl-C is to land
+    wait_go = f"while [ ! -e {go} ]; do sleep 0.1; done"
+    c.ok(
+        "run",
+        "--name",
+        "victim",
+        "--",
+        "sh",
+        "-c",
+        f"echo one; {wait_go}; echo two; exec sleep 300",
+    )
     follower = _follow_in_background(c, "victim")
     watcher = _follow_in_background(c, "victim")
-    time.sleep(1.5)
+    for each in (follower, watcher):
+        _wait_printed(each, "one")
+    go.touch()
+    for each in (follower, watcher):
+        _wait_printed(each, "two")
     watcher.send_signal(signal.SIGINT)  # Ctrl-C stops following, not the job
     _, said = watcher.communicate(timeout=10)
     assert watcher.returncode == 130, said
@@ -253,9 +270,9 @@ def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c):
         "gpuclaim: job late reached its time limit of 2s (exit code 124) after "
     )
 
-    job = c.json("run", "--name", "gone", "--", "sleep", "300")
+    job = c.json("run", "--name", "gone", "--", "sh", "-c", "echo one; exec sleep 300")
     follower = _follow_in_background(c, "gone")
-    time.sleep(1.0)
+    _wait_printed(follower, "one")  # it has read the log: it follows
     # the node "reboots": wrapper, job and tmux server vanish at once; nobody else looks
     assert _kill_where({}, job["id"].encode()) >= 1
     assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
@@ -272,7 +289,21 @@ def _follow_in_background(c, name):
         [sys.executable, "-m", "gpuclaim", "logs", name, "-f"],
         env=c.env(),
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _wait_printed(follower, text: str, timeout: float = 20.0) -> None:
+    """Until ``follower`` has printed ``text`` on its stdout (read raw: what comes after
+    is left to its communicate())."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"logs -f never printed {text!r}, only {seen!r}"
+        if select.select([follower.stdout], [], [], min(left, 0.2))[0]:
+            chunk = os.read(follower.stdout.fileno(), 4096)
+            assert chunk, f"logs -f ended before it printed {text!r}: {follower.stderr.read()}"
+            seen += chunk

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuclaim.engine.notify import MIN_INTERVAL_S
+
 
 class FakeSlack:
     """An incoming-webhook endpoint whose behaviour the test switches: ok, 500, 429, hang."""
@@ -26,7 +28,7 @@ class FakeSlack:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 mode = outer.mode
                 if mode == "hang":
-                    time.sleep(30)
+                    time.sleep(30)  # deliberately: an answer later than any client waits
                     return
                 if mode == "500":
                     self._answer(500, b"server_error")
@@ -72,6 +74,11 @@ class FakeSlack:
             time.sleep(0.1)
         raise AssertionError(f"{needle!r} x{count} never arrived; got {self.texts()}")
 
+    def let_late_posts_land(self) -> None:
+        """Deliberately let time pass before counting posts: a deliverer posts its next
+        message MIN_INTERVAL_S after its last, so a duplicate on its way lands meanwhile."""
+        time.sleep(MIN_INTERVAL_S + 0.5)
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -112,7 +119,7 @@ def test_job_start_and_end_arrive_once_with_fields(make_cluster, slack):
     message = next(m for m in slack.received if "bad-job" in m["text"] and "failed" in m["text"])
     assert any("boom-line" in json.dumps(b) for b in message["blocks"])
     assert "<@U0ALICE>" in json.dumps(message["blocks"])
-    time.sleep(1.5)
+    slack.let_late_posts_land()
     c.ok("status")  # a later call must not send anything twice
     for name in ("ok-job", "bad-job"):
         assert len([t for t in slack.texts() if f"{name} started" in t]) == 1
@@ -143,7 +150,8 @@ def test_a_failing_webhook_never_blocks_and_nothing_is_lost(make_cluster, slack,
         return  # nothing to recover to; the next test covers recovery
     slack.mode = "ok"
     if mode == "429":
-        time.sleep(2.2)  # Retry-After: 2 is honoured: nobody posts before
+        # deliberately let the Retry-After run out: until then nobody posts
+        time.sleep(slack.retry_after + 0.2)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(slack.texts()) < 3:
         c.ok("status")

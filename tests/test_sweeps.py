@@ -15,6 +15,7 @@ from test_slack import FakeSlack, _with_slack
 from gpuclaim.core.arrays import parse_array_spec, parse_sweep
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import parse_iso
+from gpuclaim.node.queue_keeper import POLL_S
 
 # A task: note when it ran, where (its GPUs) and what it was given; then work for a while.
 TASK = (
@@ -173,7 +174,9 @@ def test_after_waits_for_success_and_a_failed_dependency_cancels_its_dependants(
     c.ok("run", "--name", "never", "--after", "bad", "--", "sh", "-c", "echo must-not-run")
     c.ok("run", "--name", "anyway", "--after-any", "bad", "--", "sh", "-c", "echo cleanup")
     c.ok("run", "--array", "0-3", "--name", "evals", "--after", "never", "--", "true")
-    time.sleep(3)  # while prep runs, train waits, though GPUs are free
+    # deliberately let time pass: while prep runs, train waits though GPUs are free, past
+    # a queue keeper's looks (one every POLL_S)
+    time.sleep(POLL_S + 1)
     states = {j["name"]: j["state"] for j in _stored_jobs(c)}
     assert states["train"] == states["never"] == states["anyway"] == "queued"
     go.touch()  # from here nobody calls gpuclaim: the wrappers of prep and bad dispatch
@@ -226,14 +229,31 @@ def test_kill_an_array_stops_it_and_the_rest_never_starts(two_nodes):
     )
     said = c.ok("kill", "big")
     assert "20 tasks" in said
-    time.sleep(3)  # a stopped task's wrapper must not have started a queued one
+    _wait_quiet(c, "gc-alice-big")
+    # a stopped task's wrapper must not have started a queued one
     rows = _task_rows(c)
     assert {r["state"] for r in rows} == {"killed"}, {r["name"]: r["state"] for r in rows}
     assert sum(1 for r in rows if r["started"]) == 9  # 8, and the one after big[3]
-    for node in ("node01", "node02"):
-        sessions = c.testbed.ssh(node, "tmux ls -F '#S' 2>/dev/null || true").stdout
-        assert "gc-alice-big" not in sessions, sessions
     assert not list((c.storage / "queue").iterdir())
+
+
+def _wait_quiet(c, session: str, timeout: float = 20.0) -> None:
+    """Until nothing is left that could start a task: on no node a tmux session whose name
+    starts with ``session`` (a task's wrapper, which dispatches the queue as it ends), and no
+    queue keeper (it holds its lock in the store while it lives)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [
+            name
+            for node in ("node01", "node02")
+            for name in c.testbed.ssh(node, "tmux ls -F '#S' 2>/dev/null || true").stdout.split()
+            if name.startswith(session)
+        ]
+        left += [p.name for p in (c.storage / "locks").glob("queue-keeper-*")]
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"still there {timeout}s after the kill: {left}"
+        time.sleep(0.3)
 
 
 @pytest.mark.parametrize(
@@ -308,7 +328,7 @@ def test_an_array_posts_once_when_it_starts_and_once_when_it_ends(make_cluster):
             assert time.monotonic() < deadline, slack.received
             time.sleep(0.5)
             c.cli("status")  # anyone's call delivers what the wrappers could not yet
-        time.sleep(2)
+        slack.let_late_posts_land()
         c.cli("status")
         texts = [m["text"] for m in slack.received]
         arrays = [t for t in texts if "grid" in t]

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_reserve import _wait_until
+
+from gpuclaim.core.model import parse_iso
 
 # Lists what the job sees in its directory (relative paths, sorted) and reads one file.
 LIST = (
@@ -386,7 +389,7 @@ def test_the_spare_is_a_copy_without_what_the_job_wrote_after_its_copy_was_whole
     (copy / "link").symlink_to("pkg/a.py")
     os.utime(copy / "pkg" / "a.py", (1_000_000_000, 1_000_000_000))
     copies.sync_target(key, "j-first", names, reuse=True)  # its list: the copy is whole
-    time.sleep(0.05)
+    time.sleep(0.05)  # deliberately: the filesystem's coarse clock moves past its stamp
     with open(copy / "log.csv", "a") as fh:  # the job appends
         fh.write("1,0.5\n")
     spare = Path(copies.build_spare(key, "j-first") or "") / "tree"
@@ -400,6 +403,9 @@ def test_the_spare_is_a_copy_without_what_the_job_wrote_after_its_copy_was_whole
         assert (theirs.st_mode, theirs.st_mtime_ns) == (mine.st_mode, mine.st_mtime_ns)
     assert os.readlink(spare / "link") == "pkg/a.py"
     assert (copy / "log.csv").read_text() == "step,loss\n1,0.5\n"  # the job's, untouched
+
+
+BUILDING_S = 0.5  # how long the live builder below takes
 
 
 def test_a_sync_waits_for_a_live_builder_and_not_for_a_dead_one(tmp_path, monkeypatch):
@@ -428,7 +434,7 @@ def test_a_sync_waits_for_a_live_builder_and_not_for_a_dead_one(tmp_path, monkey
         fcntl.flock(lock, fcntl.LOCK_EX)
 
         def finish() -> None:
-            time.sleep(0.5)
+            time.sleep(BUILDING_S)  # deliberately: the builder is at work this long
             live.rename(base / ".spare")
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -437,7 +443,7 @@ def test_a_sync_waits_for_a_live_builder_and_not_for_a_dead_one(tmp_path, monkey
         started = time.monotonic()
         target = copies.sync_target(key, "j-third", ["a.py"], reuse=True)
         builder.join()
-    assert target["spare"] and time.monotonic() - started >= 0.5
+    assert target["spare"] and time.monotonic() - started >= BUILDING_S
     assert (base / "j-third" / "a.py").read_text() == "a"
 
 
@@ -449,8 +455,9 @@ def test_a_file_written_while_it_is_copied_is_left_out(tmp_path):
     source, tree = tmp_path / "copy", tmp_path / "tree"
     source.mkdir()
     (source / "quiet.txt").write_text("quiet")
+    size = 64 << 20
     with open(source / "busy.log", "wb") as fh:
-        fh.write(os.urandom(64 << 20))
+        fh.write(os.urandom(size))
     stop = threading.Event()
 
     def append() -> None:
@@ -461,7 +468,10 @@ def test_a_file_written_while_it_is_copied_is_left_out(tmp_path):
     writer = threading.Thread(target=append)
     writer.start()
     try:
-        time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while (source / "busy.log").stat().st_size == size:  # until the writer is at work
+            assert time.monotonic() < deadline, "the writer never appended"
+            time.sleep(0.01)
         copied = copy_files(source, tree, ["busy.log", "quiet.txt"])
     finally:
         stop.set()
@@ -620,13 +630,17 @@ def test_a_queued_sync_job_finds_its_copy_when_it_starts(c, tmp_path):
     assert listed["files"] == EXPECTED and listed["v"] == "one"
 
 
+KEEP_COPIES_S = 1  # [run] keep_copies of the test below
+
+
 def test_gc_removes_copies_of_jobs_ended_long_ago_and_orphans(testbed, make_remote, tmp_path):
-    c = make_remote(testbed, extra_toml='\n[run]\nkeep_copies = "1s"\n')
+    c = make_remote(testbed, extra_toml=f'\n[run]\nkeep_copies = "{KEEP_COPIES_S}s"\n')
     project = _project(tmp_path / "proj")
     for name, argv in (("done", ["true"]), ("busy", ["sleep", "60"])):
         proc = c.cli("run", "--node", "node01", "--name", name, "--sync", "--", *argv, cwd=project)
         assert proc.returncode == 0, proc.stderr
-    assert _wait(c, "done")["state"] == "succeeded"
+    finished = _wait(c, "done")
+    assert finished["state"] == "succeeded"
     home = c.testbed.node_dir("node01") / "home"
     done, busy = (
         Path(str(_job(c, n)["workdir"]).replace("~", str(home), 1)) for n in ("done", "busy")
@@ -634,14 +648,14 @@ def test_gc_removes_copies_of_jobs_ended_long_ago_and_orphans(testbed, make_remo
     orphan = done.parent / "j-0rphan0000"  # a copy whose run never made a job
     orphan.mkdir()
     os.utime(orphan, (time.time() - 2 * 86400,) * 2)
-    time.sleep(1.5)
+    _wait_until(parse_iso(finished["ended"]) + KEEP_COPIES_S + 0.1)  # done's copy: kept no more
     report = c.json("gc")
     assert report["sync_copies_removed"]["node01"] == 2, report
     assert not done.exists() and not orphan.exists()
     assert (busy / "list.py").is_file()  # its job still runs from it
     assert (busy.parent / ".spare").is_dir()  # the next copy's, kept while copies are
     c.ok("kill", "busy")
-    time.sleep(1.5)
+    _wait_until(parse_iso(_wait(c, "busy")["ended"]) + KEEP_COPIES_S + 0.1)
     assert c.json("gc")["sync_copies_removed"]["node01"] == 1
     assert not busy.parent.exists()  # the spare went with the project's last copy
 
