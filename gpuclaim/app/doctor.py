@@ -96,18 +96,18 @@ def _judge(
     store_id: Optional[str] = None,
     mount_fix: str = MOUNT_FIX,
 ) -> NodeHealth:
-    probed = facts.get("inventory")
+    probed = facts["inventory"]
     inv = NodeInventory.from_dict(probed) if probed else None
     h = NodeHealth(
         name,
         reachable=True,
         seconds=secs,
-        python=facts.get("python"),
-        tmux=facts.get("tmux"),
+        python=facts["python"],
+        tmux=facts["tmux"],
         gpu_source=inv.source if inv else None,
         gpus=len(inv.gpus) if inv else 0,
         driver=inv.driver_version if inv else None,
-        agent=facts.get("agent_version"),
+        agent=facts["agent_version"],
     )
     version = tuple(int(x) for x in str(h.python or "0.0").split(".")[:2])
     if version < MIN_PYTHON:
@@ -132,16 +132,16 @@ def _judge(
     storage = facts.get("storage")
     if storage is not None:
         seen_id = storage.get("id")
-        if storage.get("ok") and store_id and seen_id and seen_id != store_id:
+        if storage["ok"] and store_id and seen_id and seen_id != store_id:
             # the same path, another store: claims made there are invisible here
-            h.storage = f"another store at {storage.get('path')} (id {seen_id}, here {store_id})"
+            h.storage = f"another store at {storage['path']} (id {seen_id}, here {store_id})"
             h.problems.append(
                 (
                     f"storage: {h.storage}: two claim pools that never see each other",
                     mount_fix,
                 )
             )
-        elif storage.get("ok"):
+        elif storage["ok"]:
             h.storage = "ok"
             if storage_offset is not None:
                 h.clock_skew_s = offset - storage_offset

@@ -209,8 +209,8 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
                 changes={},
                 rank=r.rank,
                 rank_changes={
-                    "log": answer.get("log"),
-                    "workdir": answer.get("workdir"),
+                    "log": answer["log"],
+                    "workdir": answer["workdir"],
                     "venv": workenv["venv"],
                     "conda": workenv["conda"],
                 },

@@ -54,9 +54,9 @@ def _probe(request: protocol.ProbeRequest) -> protocol.ProbeResponse:
 
     inv = probe_local(
         str(request["node"]),
-        tuple(request.get("nvidia_smi") or ()),
-        dict(request.get("env") or {}),
-        float(request.get("timeout", 10.0)),
+        tuple(request["nvidia_smi"]),
+        dict(request["env"]),
+        float(request["timeout"]),
         liveness=True,
     )
     return inv.to_dict()
@@ -76,7 +76,7 @@ def _doctor(request: protocol.DoctorRequest) -> protocol.DoctorResponse:
         "tmux": _tmux_version(shutil.which("tmux")),
         "nvidia_smi": shutil.which("nvidia-smi"),
         "pynvml": _has_pynvml(),
-        "inventory": _probe(request) if request.get("node") else None,
+        "inventory": _probe(request) if request["node"] else None,
     }
     inventory = facts["inventory"]
     if inventory:
@@ -84,10 +84,10 @@ def _doctor(request: protocol.DoctorRequest) -> protocol.DoctorResponse:
 
         facts["persistence_off"] = persistence_off(
             str(inventory.get("source")),
-            tuple(request.get("nvidia_smi") or ()),
-            dict(request.get("env") or {}),
+            tuple(request["nvidia_smi"]),
+            dict(request["env"]),
         )
-    root = request.get("storage")
+    root = request["storage"]
     if root:
         facts["storage"] = _storage_facts(Path(str(root)))
     facts["time"] = time.time()  # last, so clock skew is not blurred by the probes above
@@ -144,8 +144,8 @@ def _store(request: protocol.StoreRequest) -> protocol.StoreResponse:
     if method not in STORE_METHODS:
         raise GpuclaimError(f"agent: unknown store method {method!r}")
     store = ClaimStore(Path(str(request["root"])))
-    args = STORE_CODEC.decode(request.get("args") or [])
-    kwargs = STORE_CODEC.decode(request.get("kwargs") or {})
+    args = STORE_CODEC.decode(request["args"])
+    kwargs = STORE_CODEC.decode(request["kwargs"])
     return STORE_CODEC.encode(getattr(store, method)(*args, **kwargs))
 
 
@@ -172,9 +172,9 @@ def _read_log(request: protocol.ReadLogRequest) -> protocol.ReadLogResponse:
 
     return read_log(
         str(request["path"]),
-        int(request.get("offset", 0)),
-        int(request.get("tail_lines", 0)),
-        wait_s=float(request.get("wait_s", 0.0)),
+        int(request["offset"]),
+        int(request["tail_lines"]),
+        wait_s=float(request["wait_s"]),
     )
 
 
@@ -206,12 +206,12 @@ def _notify_deliver(request: dict[str, Any]) -> Any:
 def _sync_target(request: protocol.SyncTargetRequest) -> protocol.SyncTargetResponse:
     from gpuclaim.node.copies import sync_target
 
-    files = request.get("files")
+    files = request["files"]
     return sync_target(
         str(request["key"]),
         str(request["job_id"]),
         [str(f) for f in files] if files is not None else None,
-        bool(request.get("reuse")),
+        bool(request["reuse"]),
     )
 
 

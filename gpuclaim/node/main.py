@@ -20,6 +20,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not impo
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpuclaim.core.protocol import OpName
+
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "wrap":
@@ -74,7 +76,7 @@ def main() -> int:
     return 0
 
 
-_READ_ONLY = frozenset({"probe", "ping", "node_facts", "hardware"})
+_READ_ONLY: frozenset[OpName] = frozenset({"probe", "ping", "node_facts", "hardware"})
 
 
 def _warm_agent(version: str) -> tuple[dict[str, Any], bool]:

@@ -31,9 +31,9 @@ class RankRecord:
         self.rank = int(spec["rank"])
         self.me = self.job.ranks[self.rank]
         self.store = ClaimStore(Path(spec["store_root"]))
-        self.beat_s = float(spec.get("beat_s", 5.0))
-        self.grace_s = float(spec.get("grace_s", 30.0))
-        self.sample_s = float(spec.get("sample_s", 60.0))
+        self.beat_s = float(spec["beat_s"])
+        self.grace_s = float(spec["grace_s"])
+        self.sample_s = float(spec["sample_s"])
         self.log_path = Path(spec["log"])
         self.stop_reason: Optional[JobState] = None  # killed or timeout: how it ends
         self.child: Optional[subprocess.Popen[bytes]] = None
@@ -55,9 +55,9 @@ class RankRecord:
             return
         inventory = probe_local(
             self.me.node,
-            tuple(self.spec.get("nvidia_smi") or ()),
-            dict(self.spec.get("node_env") or {}),
-            float(self.spec.get("probe_timeout", 10.0)),
+            tuple(self.spec["nvidia_smi"]),
+            dict(self.spec["node_env"]),
+            float(self.spec["probe_timeout"]),
         )
         util = {g.uuid: g.utilization_pct for g in inventory.gpus}
         if inventory.error or not all(u in util for u in self.me.gpu_uuids):
@@ -69,7 +69,7 @@ class RankRecord:
         try:
             self.store.record_usage(
                 samples={self.me.claim_id: sample},
-                threshold_pct=float(self.spec.get("idle_threshold_pct", 5.0)),
+                threshold_pct=float(self.spec["idle_threshold_pct"]),
             )
         except GpuclaimError:
             pass
@@ -116,7 +116,7 @@ class RankRecord:
             self._notifier.start()
 
     def _notify(self, budget_s: float = 5.0) -> None:
-        raw = self.spec.get("config")
+        raw = self.spec["config"]
         if not raw or not (raw.get("slack") or {}).get("webhook_url"):
             return
         try:

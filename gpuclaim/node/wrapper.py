@@ -68,16 +68,16 @@ class Wrapper(RankRecord):
             self._check_workdir(self.run_dir)  # first: a relative venv is the workdir's
         except GpuclaimError as exc:
             return {}, exc.message
-        node_env = dict(self.spec.get("node_env") or {})
+        node_env = dict(self.spec["node_env"])
         index_of = self._placed_indices()
-        if index_of is None:  # placed long ago (a queued job) or by an older CLI: look again
+        if index_of is None:  # placed long ago (a queued job): look again
             from gpuclaim.node.probe.local import probe_local
 
             inventory = probe_local(
                 self.me.node,
-                tuple(self.spec.get("nvidia_smi") or ()),
+                tuple(self.spec["nvidia_smi"]),
                 node_env,
-                float(self.spec.get("probe_timeout", 10.0)),
+                float(self.spec["probe_timeout"]),
             )
             if inventory.error:
                 return {}, f"cannot check the GPUs before starting: {inventory.error}"
@@ -94,9 +94,9 @@ class Wrapper(RankRecord):
             env = job_environment(
                 dict(os.environ),
                 self.me.node,
-                login=bool(workenv.get("login_shell", False)),
-                venv=workenv.get("venv"),
-                conda=workenv.get("conda"),
+                login=bool(workenv["login_shell"]),
+                venv=workenv["venv"],
+                conda=workenv["conda"],
                 workdir=self.run_dir,
                 shell=self.shell,
             )
@@ -114,13 +114,13 @@ class Wrapper(RankRecord):
                 "GPUCLAIM_JOB_ID": self.job.id,
             }
         )
-        env.update({k: str(v) for k, v in (self.spec.get("gang") or {}).items()})
+        env.update({k: str(v) for k, v in self.spec["gang"].items()})
         return env, None
 
     def _placed_indices(self) -> Optional[dict[str, int]]:
         """The GPUs' indices as the placement probe saw them, if that was moments ago."""
         placed = self.spec["placed"]
-        indices = placed.get("indices") or {}
+        indices = placed["indices"]
         if set(indices) != set(self.me.gpu_uuids):
             return None
         try:
@@ -151,7 +151,7 @@ class Wrapper(RankRecord):
     @property
     def run_dir(self) -> str:
         """Where the command runs: as the launch decided (``runner.resolve_workdir``)."""
-        decided = self.spec.get("run_dir")
+        decided = self.spec["run_dir"]
         if decided:
             return str(decided)
         return str(Path(self.job.workdir).expanduser()) if self.job.workdir else str(Path.home())
@@ -294,6 +294,6 @@ def run_wrapper(spec_path: str) -> int:
     spec: WrapperSpec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     # The user's profile runs while the wrapper imports what it records the job with.
     workenv = spec["workenv"]
-    login, conda = bool(workenv.get("login_shell", False)), str(workenv.get("conda") or "")
+    login, conda = bool(workenv["login_shell"]), str(workenv["conda"] or "")
     shell = ShellRun.start(dict(os.environ), login, conda) if login or conda else None
     return Wrapper(spec, shell).run()

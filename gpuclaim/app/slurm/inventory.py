@@ -27,7 +27,7 @@ def node_spec(
     """Join a node's ``hardware`` answer (see gpuclaim.node.hardware) with its GPU probe."""
     from gpuclaim.node.hardware import normalize_bus_id
 
-    minors = dict(hardware.get("gpu_minors") or {})
+    minors = dict(hardware["gpu_minors"])
     slots = []
     for g in inventory.gpus:
         minor = minors.get(g.uuid)
@@ -37,12 +37,12 @@ def node_spec(
         slots.append(GpuSlot(g.index, g.name, minor, bool(g.mig_mode), g.uuid))
     return NodeSpec(
         name=name,
-        hostname=str(hardware.get("hostname") or ""),
+        hostname=str(hardware["hostname"] or ""),
         cpus=int(hardware["cpus"]),
-        sockets=hardware.get("sockets"),
-        cores_per_socket=hardware.get("cores_per_socket"),
-        threads_per_core=hardware.get("threads_per_core"),
-        real_memory_mib=hardware.get("real_memory_mib"),
+        sockets=hardware["sockets"],
+        cores_per_socket=hardware["cores_per_socket"],
+        threads_per_core=hardware["threads_per_core"],
+        real_memory_mib=hardware["real_memory_mib"],
         gpus=tuple(slots),
         address=address,
     )
