@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gpuclaim.core.model import Event, iso
+from gpuclaim.core.model import Event, EventType, iso
 from gpuclaim.store import Snapshot
 
-END_EVENTS = ("release", "force-release", "expire", "reap")
+END_EVENTS = (EventType.RELEASE, EventType.FORCE_RELEASE, EventType.EXPIRE, EventType.REAP)
 GROUPINGS = ("user", "node", "day")
 
 
@@ -162,7 +162,7 @@ def interval_dict(iv: Interval) -> dict[str, Any]:
     }
 
 
-BOOKING_END_EVENTS = ("reserve-end", "reserve-noshow", "reserve-cancel")
+BOOKING_END_EVENTS = (EventType.RESERVE_END, EventType.RESERVE_NOSHOW, EventType.RESERVE_CANCEL)
 
 
 def booking_usage(
@@ -190,7 +190,7 @@ def booking_usage(
         row = result.setdefault(
             ev.user, {"booked_gpu_hours": 0.0, "unused_gpu_hours": 0.0, "no_shows": 0}
         )
-        row["no_shows"] += ev.type == "reserve-noshow"
+        row["no_shows"] += ev.type == EventType.RESERVE_NOSHOW
         if end <= start:
             continue
         booked = len(ev.gpus)

@@ -23,6 +23,7 @@ from gpuclaim.core.states import (
     JobState,
     face_state,
     face_style,
+    started,
     style_of_face,
     unhandled,
 )
@@ -454,7 +455,7 @@ def job_text(job_id: Optional[str], data: BoardData) -> Text:
     if job is None:
         return Text(job_id, style="dim")
     state = data.job_states.get(job_id, job.state)
-    if state in (JobState.RUNNING, JobState.STARTING):
+    if started(state):
         return Text(job.name, style="green")
     return Text(f"{job.name} ({state})", style="bold red" if state == JobState.LOST else "yellow")
 

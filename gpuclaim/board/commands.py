@@ -20,7 +20,7 @@ from gpuclaim.board.dialogs import ClaimDialog, ConfirmDialog
 from gpuclaim.board.messages import ActionDone, LogChunk
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.model import Job
-from gpuclaim.core.states import GpuState, JobState
+from gpuclaim.core.states import GpuState, started
 from gpuclaim.remote.channels import attach_command
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class BoardCommands(_AppBase):
         job = self._selected_job(own=True)
         if job is None:
             return
-        if job.state not in (JobState.RUNNING, JobState.STARTING) or not job.ranks:
+        if not started(job.state) or not job.ranks:
             self.notify(f"job {job.name} is {job.state}; nothing to attach to", severity="warning")
             return
         argv = attach_command(self.services.config, job.ranks[0].node, job.session)

@@ -9,7 +9,7 @@ import time
 from typing import Any, Optional
 
 from gpuclaim.cli.common import AppState
-from gpuclaim.core.states import JobState
+from gpuclaim.core.states import JobState, started
 
 FOLLOW_POLL_S = 0.5
 LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
@@ -28,7 +28,7 @@ class FirstRead:
         self.for_log = ""
 
     def start(self, job: Any) -> None:
-        running = job.state in (JobState.STARTING, JobState.RUNNING)
+        running = started(job.state)
         if not running or not job.ranks or not job.ranks[0].log:
             return
         rank = job.ranks[0]

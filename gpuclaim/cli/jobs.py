@@ -16,7 +16,8 @@ from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, st
 from gpuclaim.cli.files import typed_in
 from gpuclaim.cli.follow import FirstRead, flush_stdout, follow_log, write_out
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
-from gpuclaim.core.states import JobState
+from gpuclaim.core.model import JobKind
+from gpuclaim.core.states import JobState, started
 
 
 def run(
@@ -99,7 +100,7 @@ def _submit_and_report(
     completion.remember(st.config.path, add={"jobs": [completion.job_item(job.to_dict())]})
     if wait and job.state == JobState.QUEUED:
         job = _wait_until_started(st, job, quiet)
-    if req.kind == "batch" and job.state in (JobState.STARTING, JobState.RUNNING) and not follow:
+    if req.kind == JobKind.BATCH and started(job.state) and not follow:
         with waiting("starting the job", quiet):
             job = watch_first_moment(st.store, job)
     bad = ended_badly_at_once(job)  # failed, killed, ... or never ran: not "Started"
@@ -337,7 +338,7 @@ def attach(
 
     st = state(ctx, looking=True)
     job = _find_one(st, name)
-    if job.state not in (JobState.RUNNING, JobState.STARTING):
+    if not started(job.state):
         raise GpuclaimError(f"job {job.name} is {job.state}; nothing to attach to")
     if rank >= len(job.ranks):
         ranks = f"{len(job.ranks)} rank" + ("s" if len(job.ranks) != 1 else "")

@@ -192,6 +192,7 @@ def _table(rows: list[tuple[Any, str]], now: float) -> Any:
 
 
 def _cancel(ctx: typer.Context, booking_id: str, force: bool, as_json: bool, quiet: bool) -> None:
+    from gpuclaim.core.booking import BookingEnd
     from gpuclaim.core.when import format_when
     from gpuclaim.engine.reservations import cancel_booking
 
@@ -201,7 +202,7 @@ def _cancel(ctx: typer.Context, booking_id: str, force: bool, as_json: bool, qui
     if quiet:
         return
     if as_json:
-        print_json(dict(booking.to_dict(), state="cancelled"))
+        print_json(dict(booking.to_dict(), state=BookingEnd.CANCELLED.value))
         return
     now = st.store.now()
     whose = "" if booking.user == st.user else f" (it was {booking.user}'s)"

@@ -14,7 +14,8 @@ from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.cli.jobs import _exec_outside_tmux, _submit_and_report
 from gpuclaim.core.durations import parse_duration
 from gpuclaim.core.errors import GpuclaimError
-from gpuclaim.core.states import JobState
+from gpuclaim.core.model import JobKind
+from gpuclaim.core.states import started
 
 
 def shell(
@@ -40,7 +41,7 @@ def shell(
         count=count,
         node=node,
         time_s=parse_duration(time_),
-        kind="shell",
+        kind=JobKind.SHELL.value,
     )
     job = _submit_and_report(st, req, wait=False, as_json=as_json)
     if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
@@ -74,16 +75,16 @@ def notebook(
         count=count,
         node=node,
         time_s=parse_duration(time_),
-        kind="notebook",
+        kind=JobKind.NOTEBOOK.value,
     )
     job = _submit_and_report(st, req, wait=False, as_json=False, quiet=as_json)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = find_job(st.store, st.user, job.id, active_only=False)
-        if job.port or job.state not in (JobState.STARTING, JobState.RUNNING):
+        if job.port or not started(job.state):
             break
         time.sleep(0.5)
-    if job.state not in (JobState.STARTING, JobState.RUNNING):
+    if not started(job.state):
         raise GpuclaimError(f"the notebook did not start: {job.reason or job.state}")
     import shlex
 

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Optional
 
 from gpuclaim.core.model import ClaimedGpu, HoldsGpus, iso
+from gpuclaim.core.states import JobState
+
+
+class BookingEnd(str, Enum):
+    """How a booking ended (its record's ``ended_why``; ``reserve --cancel --json``'s state)."""
+
+    OVER = "over"  # its window ran out
+    CANCELLED = JobState.CANCELLED.value  # reserve --cancel: the same word as a job's
+    NO_SHOW = "no-show"  # nobody used it within the grace: released
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)

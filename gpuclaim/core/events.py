@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuclaim.core.model import Claim, Event, Job
+from gpuclaim.core.model import Claim, Event, EventType, Job
 
 
 def claim_event(
-    kind: str, claim: Claim, ts: float, by: Optional[str] = None, reason: str = ""
+    kind: EventType, claim: Claim, ts: float, by: Optional[str] = None, reason: str = ""
 ) -> Event:
     return Event(
         ts=ts,
@@ -26,7 +26,7 @@ def claim_event(
     )
 
 
-def job_event(kind: str, job: Job, ts: float, more: Optional[dict[str, Any]] = None) -> Event:
+def job_event(kind: EventType, job: Job, ts: float, more: Optional[dict[str, Any]] = None) -> Event:
     return Event(
         ts=ts,
         type=kind,

@@ -85,6 +85,8 @@ ACTIVE_JOB_STATES: tuple[str, ...] = tuple(
 FINAL_STATES: tuple[str, ...] = tuple(
     s.value for s in JobState if s.value not in ACTIVE_JOB_STATES
 )  # a job's or a rank's end: succeeded, failed, killed, timeout, lost, cancelled
+# Started and not ended: its sessions run (or are starting) on its nodes.
+STARTED_STATES: tuple[str, ...] = (JobState.STARTING.value, JobState.RUNNING.value)
 # The ends other than success, the worst first (an array's row shows the worst of its tasks).
 UNSUCCESSFUL_STATES: tuple[str, ...] = tuple(
     s.value
@@ -92,6 +94,11 @@ UNSUCCESSFUL_STATES: tuple[str, ...] = tuple(
 )
 # The ends of a job that never ran (nothing started, no log): never "Started", exit 1.
 NEVER_RAN_STATES: tuple[str, ...] = (JobState.CANCELLED.value,)
+
+
+def started(state: str) -> bool:
+    """Is a job (or a rank) in ``state`` on its GPUs now: starting or running."""
+    return state in STARTED_STATES
 
 
 def ended(state: str) -> bool:
@@ -184,7 +191,3 @@ def style_of_job(value: str) -> str:
     """``job_style`` for a job's state string; no style for a state this version does not know."""
     state = job_state(value)
     return "" if state is None else job_style(state)
-
-
-# Kept while the faces move to face_style (board/cells, cli/render): the GPU states' styles.
-STATE_STYLE: dict[str, str] = {s.value: face_style(FaceState(s.value)) for s in GpuState}

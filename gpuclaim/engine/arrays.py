@@ -16,7 +16,7 @@ from gpuclaim.core.config import Config
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import ArrayRef, EventType, Job
-from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState
+from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState, started
 from gpuclaim.engine.array_records import ARRAY_ID_PREFIX, array_tasks, task_id
 from gpuclaim.engine.cluster import NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
@@ -169,7 +169,7 @@ def kill_array(
     for task in tasks:
         if task.state == JobState.QUEUED and take_out_of_queue(store, task, user, entries) is None:
             running.append(task)  # it started meanwhile
-        elif task.state in (JobState.STARTING, JobState.RUNNING):
+        elif started(task.state):
             running.append(task)
     stop_and_wait(config, store, running, ops, wait_s)
     return array_tasks(store, record)

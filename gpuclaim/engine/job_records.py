@@ -11,7 +11,7 @@ from typing import Any, Optional
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
+from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState, started
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
 
@@ -185,7 +185,7 @@ def queue_positions(store: Store) -> dict[str, int]:
 
 def observed_state(job: Job, claims: dict[str, Any]) -> str:
     """A running job whose claims were judged lost (no heartbeat) shows as ``lost``."""
-    if job.state in (JobState.RUNNING, JobState.STARTING):
+    if started(job.state):
         for r in job.ranks:
             status = claims.get(r.claim_id or "")
             if status is not None and status.reason == "job lost":

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from gpuclaim.core.booking import Booking
+from gpuclaim.core.booking import Booking, BookingEnd
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import (
@@ -283,7 +283,9 @@ def cancel_booking(store: Store, user: str, booking_id: str, force: bool = False
             hint="cancel it with --force if you must (it is logged and announced)",
         )
     now = store.now()
-    ended = store.end_booking(booking_id, {"ended": now, "ended_why": "cancelled", "by": user})
+    ended = store.end_booking(
+        booking_id, {"ended": now, "ended_why": BookingEnd.CANCELLED.value, "by": user}
+    )
     if ended is None:
         raise GpuclaimError(f"reservation {booking_id} ended meanwhile")
     by = user if user != booking.user else None
@@ -337,14 +339,20 @@ def settle_bookings(config: Config, store: Store, snap: Snapshot) -> Snapshot:
         try:
             if snap.now >= b.end:
                 used = b.used if b.used is not None else (snap.now if holding else None)
-                _end(store, dataclasses.replace(b, used=used), "over", EventType.RESERVE_END, b.end)
+                _end(
+                    store,
+                    dataclasses.replace(b, used=used),
+                    BookingEnd.OVER,
+                    EventType.RESERVE_END,
+                    b.end,
+                )
                 continue
             if b.is_open(snap.now) and b.used is None:
                 if holding:
                     store.update_booking(b.id, {"used": snap.now})
                     b = b.marked_used(snap.now)
                 elif snap.now >= b.start + grace:
-                    _end(store, b, "no-show", EventType.RESERVE_NOSHOW, snap.now, grace)
+                    _end(store, b, BookingEnd.NO_SHOW, EventType.RESERVE_NOSHOW, snap.now, grace)
                     continue
         except StoreError:
             if snap.now >= b.end or (
@@ -356,9 +364,14 @@ def settle_bookings(config: Config, store: Store, snap: Snapshot) -> Snapshot:
 
 
 def _end(
-    store: Store, b: Booking, why: str, kind: EventType, ts: float, grace: Optional[float] = None
+    store: Store,
+    b: Booking,
+    why: BookingEnd,
+    kind: EventType,
+    ts: float,
+    grace: Optional[float] = None,
 ) -> None:
-    ended = store.end_booking(b.id, {"ended": ts, "ended_why": why, "used": b.used})
+    ended = store.end_booking(b.id, {"ended": ts, "ended_why": why.value, "used": b.used})
     if ended is not None:
         event = booking_event(kind, b, ts)
         if grace is not None:

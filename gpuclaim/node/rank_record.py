@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
+from gpuclaim.core.model import EventType, JobKind
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class RankRecord:
         self.log_path = Path(spec["log"])
         self.stop_reason: Optional[JobState] = None  # killed or timeout: how it ends
         self.child: Optional[subprocess.Popen[bytes]] = None
-        self.interactive = self.job.kind == "shell"
+        self.interactive = self.job.kind == JobKind.SHELL
         self._notifier: Optional[threading.Thread] = None
 
     def _beat(self) -> None:
@@ -109,7 +110,7 @@ class RankRecord:
             from gpuclaim.engine.array_records import note_task_start
 
             started_job = Job.from_dict(result["job"])
-            self.store.append_event(job_event("job-start", started_job, started))
+            self.store.append_event(job_event(EventType.JOB_START, started_job, started))
             note_task_start(self.store, started_job)
             # Tell Slack from here, beside the running job, without holding up its output.
             self._notifier = threading.Thread(target=self._notify, daemon=True)

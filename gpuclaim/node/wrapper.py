@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.model import JobKind
 from gpuclaim.core.states import JobState
 from gpuclaim.node.rank_record import RankRecord
 from gpuclaim.node.workenv import ShellRun, job_environment
@@ -131,9 +132,9 @@ class Wrapper(RankRecord):
 
     def _resolve_argv(self, env: dict[str, str]) -> list[str]:
         """Interactive kinds are resolved here, on the node: its shell, its jupyter."""
-        if self.job.kind == "shell":
+        if self.job.kind == JobKind.SHELL:
             return [os.environ.get("SHELL") or "/bin/bash", "-l"]
-        if self.job.kind == "notebook":
+        if self.job.kind == JobKind.NOTEBOOK:
             import shutil
 
             from gpuclaim.node.runner import free_port  # only here: a job's start skips them

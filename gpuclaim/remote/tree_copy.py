@@ -152,4 +152,4 @@ def _copy_files(root: Path, files: Sequence[str], dest: Path) -> None:
 
 def _last_line(data: bytes) -> str:
     lines = data.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1] if lines else "failed"
+    return lines[-1] if lines else "it failed and printed nothing"

@@ -98,7 +98,7 @@ class WarmAgents:
         path = self._off_file(alias)
         try:
             if time.time() - path.stat().st_mtime < OFF_FOR_S:
-                return path.read_text("utf-8").strip() or "failed"
+                return path.read_text("utf-8").strip() or "no reason recorded"
         except OSError:
             return None
         with contextlib.suppress(OSError):

@@ -15,6 +15,7 @@ from gpuclaim.app.slurm.syntax import comment
 from gpuclaim.core.arrays import compact
 from gpuclaim.core.durations import format_slurm_time
 from gpuclaim.core.errors import UsageError
+from gpuclaim.core.model import JobKind
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def render_sbatch(
     """An sbatch script that runs ``job`` as gpuclaim ran it: same command (argv exactly),
     environment, directory, GPUs per node, nodes and time limit. ``tasks``: every task of
     the array ``job`` belongs to, as one ``--array`` job (a sweep's words per task index)."""
-    if job.kind != "batch":
+    if job.kind != JobKind.BATCH:
         raise UsageError(
             f"{job.name} is an interactive {job.kind}: in SLURM that is "
             f"`srun --gres=gpu:{gpu_type + ':' if gpu_type else ''}{job.gpus_per_node} --pty bash`"
