@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -279,3 +280,32 @@ def test_a_mention_that_is_not_a_member_id_is_a_config_error(make_cluster):
     proc = c.cli("status")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "'slack.mentions.alice' must be a Slack member id" in proc.stderr
+
+
+def test_ssh_storage_delivers_each_message_once_from_racing_commands(testbed, make_remote, slack):
+    """``storage = "ssh://…"``: delivery runs here through the store's interface (its turn,
+    cursors and logs over the agent), one deliverer at a time whoever runs commands at once."""
+    root = testbed.dir / "srv-store"
+    root.mkdir()
+    c = make_remote(
+        testbed,
+        storage=f"ssh://node01{root}",
+        extra_toml=f'webhook_url = "{slack.url}"\ntimeout = "2s"\nevents = ["claim"]\n',
+    )
+    claims = [
+        c.json("claim", "-n", "1", "--node", node, "--note", f"from-{user}", user=user)
+        for user, node in (("alice", "node02"), ("bob", "node03"))
+    ]
+    with ThreadPoolExecutor(4) as pool:  # four commands deliver at the same moment
+        done = list(pool.map(lambda u: c.cli("status", user=u), ["alice", "bob"] * 2))
+    assert all(p.returncode == 0 for p in done), [p.stderr for p in done]
+    for user in ("alice", "bob"):
+        slack.wait_for(f"from-{user}", 1)
+    slack.let_late_posts_land()
+    c.ok("status")
+    for user in ("alice", "bob"):
+        assert len([t for t in slack.texts() if f"from-{user}" in t]) == 1, slack.texts()
+    # the turn was given back, and the cursors live on the storage host
+    assert not (root / "notify" / "turn-notify.json").exists()
+    assert list((root / "notify").glob("cursor-*.json"))
+    assert {cl["id"] for cl in claims} <= {c2["claim"]["id"] for c2 in c.status() if c2["claim"]}

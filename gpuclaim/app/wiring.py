@@ -1,15 +1,14 @@
 """Wiring a command: the prober over this process's channels, the store the config names
-(here, or on its SSH host through the agent), Slack delivery where the store lives. Both
-faces (the CLI, the board) get their parts from here."""
+(here, or on its SSH host through the agent). Both faces (the CLI, the board) get their
+parts from here."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from gpuclaim.core.config import Config, parse_storage_url
 from gpuclaim.core.paths import host_lock_dir
 from gpuclaim.engine.cluster import NodeProber
-from gpuclaim.engine.notify import deliver
 from gpuclaim.remote.channels import NodeChannels
 from gpuclaim.remote.store_proxy import RemoteStore
 from gpuclaim.store import ClaimStore, Store
@@ -28,13 +27,3 @@ def open_store(config: Config, prober: NodeProber) -> Store:
         # each: test_architecture checks it whole), which mypy cannot see
         return cast(Store, RemoteStore(prober.channels.to_host(host), root))
     return ClaimStore(config.storage_path, host_lock_dir())
-
-
-def deliver_now(config: Config, store: Store, prober: NodeProber, budget_s: float) -> Any:
-    """Deliver Slack notices here, or on the storage host when the storage is ssh://."""
-    if isinstance(store, ClaimStore):
-        return deliver(config, store, budget_s=budget_s)
-    host, root = parse_storage_url(config.storage)
-    args = {"root": root, "config": config.raw, "budget": budget_s}
-    timeout = budget_s + 2 * config.slack.timeout_s + 5
-    return prober.channels.to_host(host).call("notify_deliver", args, timeout)

@@ -58,9 +58,9 @@ class AppState:
         from gpuclaim.core.errors import GpuclaimError
 
         try:
-            from gpuclaim.app.wiring import deliver_now
+            from gpuclaim.engine.notify import deliver
 
-            deliver_now(self.config, self._store, self.prober, self._config.slack.timeout_s)
+            deliver(self.config, self._store, budget_s=self._config.slack.timeout_s)
         except GpuclaimError:
             pass  # delivery never fails a command; the next one tries again
 

@@ -28,7 +28,6 @@ OpName = Literal[
     "stop_session",
     "read_log",
     "node_facts",
-    "notify_deliver",
     "hardware",
     "sync_target",
     "sync_ready",
@@ -217,17 +216,6 @@ class NodeFactsResponse(TypedDict):
     shell: str
 
 
-class NotifyDeliverRequest(TypedDict):
-    root: str
-    config: dict[str, Any]  # Config.raw
-    budget: float
-
-
-class NotifyDeliverResponse(TypedDict):
-    sent: int
-    pending: bool
-
-
 class HardwareRequest(TypedDict):
     """Nothing to say."""
 
@@ -321,7 +309,6 @@ KEEP_QUEUE: Op[KeepQueueRequest, KeepQueueResponse] = Op("keep_queue")
 STOP_SESSION: Op[StopSessionRequest, StopSessionResponse] = Op("stop_session")
 READ_LOG: Op[ReadLogRequest, ReadLogResponse] = Op("read_log")
 NODE_FACTS: Op[NodeFactsRequest, NodeFactsResponse] = Op("node_facts")
-NOTIFY_DELIVER: Op[NotifyDeliverRequest, NotifyDeliverResponse] = Op("notify_deliver")
 HARDWARE: Op[HardwareRequest, HardwareResponse] = Op("hardware")
 SYNC_TARGET: Op[SyncTargetRequest, SyncTargetResponse] = Op("sync_target")
 SYNC_READY: Op[SyncReadyRequest, SyncReadyResponse] = Op("sync_ready")

@@ -13,18 +13,21 @@ Standard library only: job wrappers deliver from the nodes (the laptop may be cl
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
+from uuid import uuid4
 
 from gpuclaim.core.config import Config, SlackConfig
 from gpuclaim.core.durations import format_duration
+from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import Event, EventType
 from gpuclaim.core.states import GpuState, JobState, job_state, unhandled
 from gpuclaim.engine.array_records import ALL_SUCCEEDED
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.reservations import booking_event
-from gpuclaim.store import ClaimStore, Store
+from gpuclaim.store import Store
 
 # The ``[slack] events`` name of the messages that a node became unreachable.
 UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
@@ -73,6 +76,7 @@ PERMANENT_ERRORS = (
 )
 MIN_INTERVAL_S = 1.0  # Slack: about one message per second per webhook
 FIRST_RUN_WINDOW_S = 600.0
+TURN = "notify"  # the store's delivery turn: one deliverer at a time
 
 
 @dataclass(frozen=True)
@@ -363,69 +367,76 @@ class DeliveryReport:
     last_error: Optional[str] = None
 
 
-def deliver(config: Config, store: ClaimStore, budget_s: float = 2.0) -> DeliveryReport:
-    """Post undelivered events within ``budget_s`` (plus at most one post's timeout)."""
+def deliver(config: Config, store: Store, budget_s: float = 2.0) -> DeliveryReport:
+    """Post undelivered events within ``budget_s`` (plus at most one post's timeout), in the
+    store's delivery turn (one deliverer at a time, on any host, over any store)."""
     report = DeliveryReport()
     slack = config.slack
     if not slack.webhook_url:
         return report
-    lock = store.try_lock("notify")
+    holder = f"{this_host()}-{os.getpid()}-{uuid4().hex[:8]}"
+    turn_s = budget_s + 2 * slack.timeout_s + 5  # outlasts this delivery, however it goes
+    taken = store.take_turn(TURN, holder, turn_s)
     give_up = time.monotonic() + budget_s / 2
-    while lock is None and time.monotonic() < give_up:
+    while not taken and time.monotonic() < give_up:
         time.sleep(0.1)  # another process is delivering: it may be done soon
-        lock = store.try_lock("notify")
-    if lock is None:
+        taken = store.take_turn(TURN, holder, turn_s)
+    if not taken:
         report.pending = True
         return report
-    with lock:
-        state = store.read_notify("state.json")
-        if time.time() < float(state.get("not_before", 0)):
-            report.pending = True
-            return report
-        deadline = time.monotonic() + budget_s
-        last_post = 0.0
-        for log in store.event_logs():
-            cursor_name = f"cursor-{log}.json"
-            cursor = store.read_notify(cursor_name)
-            offset = int(cursor.get("offset", 0))
-            # A webhook configured today does not post the lab's whole history.
-            skip_before = time.time() - FIRST_RUN_WINDOW_S if not cursor else 0.0
-            data = store.read_event_log(log, offset)
-            for raw in data.splitlines(keepends=True):
-                if not raw.endswith(b"\n"):
-                    break  # a line still being written
-                event = _parse(raw)
-                if event is not None and event.ts >= skip_before and wanted(event, slack):
-                    if time.monotonic() > deadline:
-                        report.pending = True
-                        return report
-                    wait = MIN_INTERVAL_S - (time.monotonic() - last_post)
-                    if wait > 0:
-                        time.sleep(wait)
-                    result = post(slack.webhook_url, render_message(event, slack), slack.timeout_s)
-                    last_post = time.monotonic()
-                    if not result.ok and not result.permanent:
-                        report.pending = True
-                        report.last_error = result.describe()
-                        state.update(last_error=report.last_error, last_error_at=time.time())
-                        if result.retry_after is not None:
-                            state["not_before"] = time.time() + result.retry_after
-                        store.write_notify("state.json", state)
-                        return report
-                    if result.permanent:
-                        # Not retried forever: recorded for doctor / notify test, then dropped.
-                        state.update(
-                            permanent_error=result.describe(), permanent_error_at=time.time()
-                        )
-                        store.write_notify("state.json", state)
-                    else:
-                        report.sent += 1
-                offset += len(raw)
-                store.write_notify(cursor_name, {"offset": offset})
-        if report.sent and state.get("last_error"):
-            state.pop("last_error", None)
-            store.write_notify("state.json", state)
+    try:
+        _deliver_in_turn(slack, store, budget_s, report)
+    finally:
+        store.end_turn(TURN, holder)
     return report
+
+
+def _deliver_in_turn(
+    slack: SlackConfig, store: Store, budget_s: float, report: DeliveryReport
+) -> None:
+    state = store.read_notify("state.json")
+    if time.time() < float(state.get("not_before", 0)):
+        report.pending = True
+        return
+    deadline = time.monotonic() + budget_s
+    last_post = 0.0
+    for log in store.event_logs():
+        cursor_name = f"cursor-{log}.json"
+        cursor = store.read_notify(cursor_name)
+        offset = int(cursor.get("offset", 0))
+        # A webhook configured today does not post the lab's whole history.
+        skip_before = time.time() - FIRST_RUN_WINDOW_S if not cursor else 0.0
+        # one character per byte: the last piece has no newline yet (still being written)
+        for line in store.read_event_log(log, offset).split("\n")[:-1]:
+            event = _parse(line)
+            if event is not None and event.ts >= skip_before and wanted(event, slack):
+                if time.monotonic() > deadline:
+                    report.pending = True
+                    return
+                wait = MIN_INTERVAL_S - (time.monotonic() - last_post)
+                if wait > 0:
+                    time.sleep(wait)
+                result = post(slack.webhook_url, render_message(event, slack), slack.timeout_s)
+                last_post = time.monotonic()
+                if not result.ok and not result.permanent:
+                    report.pending = True
+                    report.last_error = result.describe()
+                    state.update(last_error=report.last_error, last_error_at=time.time())
+                    if result.retry_after is not None:
+                        state["not_before"] = time.time() + result.retry_after
+                    store.write_notify("state.json", state)
+                    return
+                if result.permanent:
+                    # Not retried forever: recorded for doctor / notify test, then dropped.
+                    state.update(permanent_error=result.describe(), permanent_error_at=time.time())
+                    store.write_notify("state.json", state)
+                else:
+                    report.sent += 1
+            offset += len(line) + 1
+            store.write_notify(cursor_name, {"offset": offset})
+    if report.sent and state.get("last_error"):
+        state.pop("last_error", None)
+        store.write_notify("state.json", state)
 
 
 def slack_problems(state: dict[str, Any]) -> list[tuple[str, str]]:
@@ -448,8 +459,8 @@ def slack_problems(state: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def _parse(raw: bytes) -> Optional[Event]:
+def _parse(line: str) -> Optional[Event]:
     try:
-        return Event.from_dict(json.loads(raw.decode("utf-8")))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return Event.from_dict(json.loads(line))
+    except (ValueError, KeyError, TypeError):
         return None

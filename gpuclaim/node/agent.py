@@ -190,19 +190,6 @@ def _hardware(request: protocol.HardwareRequest) -> protocol.HardwareResponse:
     return probe_hardware()
 
 
-def _notify_deliver(request: dict[str, Any]) -> Any:
-    from gpuclaim.core.config import parse_config
-    from gpuclaim.engine.notify import deliver
-    from gpuclaim.store import ClaimStore
-
-    report = deliver(
-        parse_config(request["config"]),
-        ClaimStore(Path(str(request["root"]))),
-        budget_s=float(request.get("budget", 2.0)),
-    )
-    return {"sent": report.sent, "pending": report.pending}
-
-
 def _sync_target(request: protocol.SyncTargetRequest) -> protocol.SyncTargetResponse:
     from gpuclaim.node.copies import sync_target
 
@@ -248,7 +235,6 @@ _OPS: dict[str, Callable[[Any], object]] = {
     "stop_session": _stop_session,
     "read_log": _read_log,
     "node_facts": _node_facts,
-    "notify_deliver": _notify_deliver,
     "hardware": _hardware,
     "sync_target": _sync_target,
     "sync_ready": _sync_ready,

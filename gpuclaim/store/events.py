@@ -64,8 +64,10 @@ class EventLogPart(StoreBase):
             return []
         return sorted(n[: -len(".jsonl")] for n in names if n.endswith(".jsonl"))
 
-    def read_event_log(self, name: str, offset: int) -> bytes:
-        """One log's bytes from ``offset`` on (a last line may still be being written)."""
+    def read_event_log(self, name: str, offset: int) -> str:
+        """One log from byte ``offset`` on (a last line may still be being written), as text
+        of one character per byte (latin-1: the lines are ASCII JSON, and a damaged byte still
+        counts one), so that a reader's offsets stay byte offsets over the agent's JSON too."""
         with open(self._p("events", f"{_safe(name)}.jsonl"), "rb") as fh:
             fh.seek(offset)
-            return fh.read()
+            return fh.read().decode("latin-1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from gpuclaim.store.base import StoreBase
@@ -26,6 +27,34 @@ class NoticesPart(StoreBase):
     def write_notify(self, name: str, data: dict[str, Any]) -> None:
         """Replace one of those files whole, group-shared like every file of the store."""
         self._publish(self._stage(_encode(data), sync=False), self._p("notify", _safe(name)))
+
+    def take_turn(self, name: str, holder: str, seconds: float) -> bool:
+        """A turn at ``name`` (Slack delivery) for ``seconds``, for one holder at a time on
+        every host and over ``ssh://`` storage alike: True when taken (or already ``holder``'s).
+        A lock could not be held across the agent's requests; a turn that ran out is free,
+        so a deliverer that died holds nothing for long."""
+        lock = self.try_lock(f"turn-{_safe(name)}")
+        if lock is None:
+            return False  # someone is taking or giving back a turn this very moment
+        with lock:
+            turn = self.read_notify(f"turn-{name}.json")
+            now = time.time()
+            if turn.get("holder") not in (None, holder) and _until(turn) > now:
+                return False
+            self.write_notify(f"turn-{name}.json", {"holder": holder, "until": now + seconds})
+            return True
+
+    def end_turn(self, name: str, holder: str) -> None:
+        """Give ``holder``'s turn back at once (another's is left alone; if the moment is
+        busy, the turn simply runs out)."""
+        for _ in range(20):
+            lock = self.try_lock(f"turn-{_safe(name)}")
+            if lock is not None:
+                with lock:
+                    if self.read_notify(f"turn-{name}.json").get("holder") == holder:
+                        _unlink_quiet(self._p("notify", _safe(f"turn-{name}.json")))
+                return
+            time.sleep(0.01)
 
     def mark_notices(self, scope: str, keys: list[str]) -> list[str]:
         """Remember which conditions of ``scope`` hold now; return those that are new (each
@@ -51,3 +80,10 @@ class NoticesPart(StoreBase):
             if name.startswith(f"{scope}--") and name not in wanted:
                 _unlink_quiet(directory / name)
         return new
+
+
+def _until(turn: dict[str, Any]) -> float:
+    try:
+        return float(turn.get("until", 0))
+    except (TypeError, ValueError):
+        return 0.0  # a damaged turn file holds nothing

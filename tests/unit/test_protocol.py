@@ -17,9 +17,6 @@ from gpuclaim.node import agent
 
 from .fakes import make_cluster
 
-# Left untyped until it goes (its delivery moves off the agent): its handler takes a dict.
-UNTYPED_HANDLERS = {"notify_deliver"}
-
 
 def _ops() -> dict[str, tuple[Any, Any]]:
     """Each ``Op`` constant of the protocol: its name -> (request type, response type)."""
@@ -42,8 +39,6 @@ def test_op_names_are_one_list() -> None:
 def test_each_handler_takes_its_request_and_answers_its_response() -> None:
     namespace = {**vars(typing), "protocol": protocol}  # the agent imports it to type-check
     for name, (request, response) in _ops().items():
-        if name in UNTYPED_HANDLERS:
-            continue
         hints = typing.get_type_hints(agent._OPS[name], globalns=namespace)
         assert hints == {"request": request, "return": response}, name
 
