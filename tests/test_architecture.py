@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuclaim.core.model import Claim, ClaimedGpu, Event
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job, JobUpdate
 from gpuclaim.node.channel import LocalChannel
 from gpuclaim.node.home import BOOT
 from gpuclaim.remote.bundle import agent_bundle, agent_modules
@@ -312,9 +312,12 @@ def test_positional_and_typed_calls_cross_the_remote_proxy(tmp_path: Path) -> No
     remote.acquire(claim)
     snap = remote.snapshot()
     assert isinstance(snap, Snapshot) and snap.claims["c-1"].claim == claim
-    remote.create_job({"id": "j-1", "state": "queued"})
+    job = Job("j-1", "train", "ann", ("python", "t.py"), "queued", now, 60.0)
+    remote.create_job(job)
     result = remote.update_job("j-1", {"state": "running"}, ["queued"])  # all positional
-    assert result["applied"] and result["job"]["state"] == "running"
+    assert isinstance(result, JobUpdate) and result.applied
+    assert result.job == job.with_(state="running") == remote.load_job("j-1")
+    assert remote.list_jobs() == [result.job]
     remote.append_event(Event(ts=now, type="claim", user="ann"))
     events, bad = remote.read_events()
     assert bad == 0 and [e.type for e in events] == ["claim"]

@@ -137,7 +137,7 @@ def _job(
         ranks=(rank,),
         started=started,
     )
-    store.create_job(job.to_dict())
+    store.create_job(job)
     store.acquire(
         Claim(
             claim_id,

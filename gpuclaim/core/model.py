@@ -487,3 +487,19 @@ class Job:
             after=tuple(Dependency.from_dict(x) for x in d.get("after") or ()),
             reservation=d.get("reservation"),
         )
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """What ``store.update_job`` did: the job after it, and whether the change was made
+    (``False``: its state was not one of ``only_from``, and ``job`` is as it was)."""
+
+    job: Job
+    applied: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job.to_dict(), "applied": self.applied}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobUpdate:
+        return cls(Job.from_dict(d["job"]), bool(d["applied"]))

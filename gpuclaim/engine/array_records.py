@@ -85,10 +85,9 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
     first: Optional[float] = None
     last: Optional[float] = None
     for index in record.get("indices") or ():
-        data = store.load_job_dict(job_id=task_id(array_id, int(index)))
-        if data is None:
+        task = store.load_job(job_id=task_id(array_id, int(index)))
+        if task is None:
             continue
-        task = Job.from_dict(data)
         counts[task.state] = counts.get(task.state, 0) + 1
         if task.state != JobState.SUCCEEDED:
             unsuccessful.setdefault(task.state, []).append(int(index))
@@ -114,8 +113,8 @@ def array_tasks(store: Store, record: dict[str, Any]) -> list[Job]:
     skipped; the archive is read only when a task is not live)."""
     array_id = str(record["id"])
     wanted = [task_id(array_id, int(index)) for index in record.get("indices") or ()]
-    found = {i: store.load_job_dict(job_id=i) for i in wanted}
-    if any(d is None for d in found.values()):
-        archived = {str(d.get("id")): d for d in store.archived_job_dicts()}
-        found = {i: d if d is not None else archived.get(i) for i, d in found.items()}
-    return [Job.from_dict(d) for d in found.values() if d is not None]
+    found = {i: store.load_job(job_id=i) for i in wanted}
+    if any(j is None for j in found.values()):
+        archived = {j.id: j for j in store.archived_jobs()}
+        found = {i: j if j is not None else archived.get(i) for i, j in found.items()}
+    return [j for j in found.values() if j is not None]

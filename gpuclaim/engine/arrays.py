@@ -118,7 +118,7 @@ def submit_array(
             array=replace(ref, index=index),
             after=after,
         ).with_(workdir=workdir, synced=copied)
-        store.create_job(job=task.to_dict())
+        store.create_job(job=task)
         store.enqueue(job_id=task.id)
         tasks.append(task)
     store.append_event(

@@ -18,7 +18,7 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType, Job
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.engine.job_records import finish_rank, load_jobs
@@ -299,8 +299,8 @@ def _held_by_a_job(status: ClaimStatus) -> bool:
 def _job_names(store: Store, statuses: dict[str, ClaimStatus]) -> str:
     names = []
     for status in statuses.values():
-        data = store.load_job_dict(job_id=status.claim.job) if status.claim.job else None
-        name = str(data.get("name")) if data else str(status.claim.job)
+        job = store.load_job(job_id=status.claim.job) if status.claim.job else None
+        name = job.name if job else str(status.claim.job)
         if status.claim.job and name not in names:
             names.append(name)
     return ", ".join(names)
@@ -452,10 +452,9 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
 def finish_lost_claim(store: Store, claim: Claim) -> None:
     """A job's claim judged lost (its wrapper is gone): record the rank as lost, which also
     releases the claim, so the job does not stay 'running' for ever."""
-    data = store.load_job_dict(job_id=claim.job) if claim.job else None
-    if not data:
+    job = store.load_job(job_id=claim.job) if claim.job else None
+    if job is None:
         return
-    job = Job.from_dict(data)
     for r in job.ranks:
         if r.claim_id == claim.id and r.state not in FINAL_STATES:
             finish_rank(

@@ -105,10 +105,10 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
         if not dep.any and not result.get(ALL_SUCCEEDED):
             return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
         return READY, ""
-    data = load_job_anywhere(store, dep.id)  # ended long ago: archived
-    if data is None:
+    found = load_job_anywhere(store, dep.id)  # ended long ago: archived
+    if found is None:
         return BROKEN, f"job {dep.name} it waited for is gone"
-    state = str(data.get("state"))
+    state = found.state
     if not ended(state):
         return WAITING, f"waiting for {dep.name}"
     if not dep.any and ended_badly(state):

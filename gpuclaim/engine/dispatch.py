@@ -71,8 +71,7 @@ class _Pass:
         verdict = self.verdicts.get(group) if group else None
         if verdict in (WAITING, THROTTLED) or (self.blocked and verdict == READY):
             return  # without reading its record: a pass over 1,000 tasks stays cheap
-        data = self.store.load_job_dict(job_id=job_id)
-        job = Job.from_dict(data) if data else None
+        job = self.store.load_job(job_id=job_id)
         if job is None or job.state != JobState.QUEUED:
             self.store.finish_queue_entry(name=entry)
             return
@@ -151,13 +150,11 @@ class _Pass:
             only_from=[JobState.QUEUED],
         )
         self.store.finish_queue_entry(name=entry)
-        if not moved["applied"]:  # killed while we placed it
+        if not moved.applied:  # killed while we placed it
             self._give_back(job, ranks)
             return
         try:
-            self.started.append(
-                start_ranks(self.config, self.store, Job.from_dict(moved["job"]), self.ops)
-            )
+            self.started.append(start_ranks(self.config, self.store, moved.job, self.ops))
         except GpuclaimError:
             return  # start_ranks recorded the failure and gave the GPUs back
         self.view = build_view(
@@ -219,9 +216,9 @@ def cancel_queued(store: Store, job: Job, entry: str, reason: str) -> Optional[J
         only_from=[JobState.QUEUED],
     )
     store.finish_queue_entry(name=entry)
-    if not result["applied"]:
+    if not result.applied:
         return None
-    final = Job.from_dict(result["job"])
+    final = result.job
     store.append_event(job_event(EventType.JOB_CANCELLED, final, now))
     note_task_end(store, final)
     return final

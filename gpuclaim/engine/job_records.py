@@ -24,8 +24,8 @@ def load_jobs(store: Store, archived: bool = False) -> list[Job]:
     """The job records, oldest first: the live ones (every job not ended a day ago), and
     with ``archived`` the archive's too. Moves a batch of old records to the archive when
     it has read that many (a look then stays as fast however long the history grows)."""
-    live = _parse(store.list_job_dicts())  # live first: a record moved meanwhile is archived
-    old = _parse(store.archived_job_dicts()) if archived else []
+    live = store.list_jobs()  # live first: a record moved meanwhile is archived
+    old = store.archived_jobs() if archived else []
     archive_finished(store, live, ARCHIVE_BATCH)
     by_id = {j.id: j for j in old}
     by_id.update((j.id, j) for j in live)  # a crash mid-move leaves both: the live one wins
@@ -35,17 +35,7 @@ def load_jobs(store: Store, archived: bool = False) -> list[Job]:
 
 def load_archived(store: Store) -> list[Job]:
     """Only the archive's jobs, oldest first: for a name the live records did not have."""
-    return sorted(_parse(store.archived_job_dicts()), key=lambda j: j.submitted)
-
-
-def _parse(dicts: list[dict[str, Any]]) -> list[Job]:
-    jobs = []
-    for d in dicts:
-        try:
-            jobs.append(Job.from_dict(d))
-        except (KeyError, ValueError, TypeError):
-            continue
-    return jobs
+    return sorted(store.archived_jobs(), key=lambda j: j.submitted)
 
 
 def archive_finished(store: Store, jobs: list[Job], minimum: int = 1) -> int:
@@ -84,12 +74,12 @@ def _matching(jobs: list[Job], user: str, name: str) -> list[Job]:
     return [j for j in jobs if (j.name == name and j.user == user) or j.id == name]
 
 
-def load_job_anywhere(store: Store, job_id: str) -> Optional[dict[str, Any]]:
-    """A job's record, live or archived (the archive is read only when it is not live)."""
-    data = store.load_job_dict(job_id=job_id)
-    if data is None:
-        data = next((d for d in store.archived_job_dicts() if d.get("id") == job_id), None)
-    return data
+def load_job_anywhere(store: Store, job_id: str) -> Optional[Job]:
+    """A job, live or archived (the archive is read only when it is not live)."""
+    job = store.load_job(job_id=job_id)
+    if job is None:
+        job = next((j for j in store.archived_jobs() if j.id == job_id), None)
+    return job
 
 
 def finish_rank(
@@ -106,20 +96,18 @@ def finish_rank(
     now = store.now()
     me = job.ranks[rank]
     try:
-        result = store.update_job(
+        current: Optional[Job] = store.update_job(
             job_id=job.id,
             changes={},
             rank=rank,
             rank_changes={"state": state, "exit_code": exit_code, "ended": iso(now)},
-        )
-        data: Optional[dict[str, Any]] = result["job"]
+        ).job
     except IllegalTransition:
         # The rank's end was recorded first (gc judged it lost): the first end stands; its
         # claim is still given back below.
-        data = store.load_job_dict(job_id=job.id)
-    if data is None:
+        current = store.load_job(job_id=job.id)
+    if current is None:
         return None
-    current = Job.from_dict(data)
     if me.claim_id:
         _release_rank_claim(store, current, me)
     if (
@@ -141,9 +129,9 @@ def finish_rank(
         },
         only_from=list(ACTIVE_JOB_STATES),
     )
-    if not done["applied"]:
+    if not done.applied:
         return None
-    final = Job.from_dict(done["job"])
+    final = done.job
     extra = {"log_tail": log_tail} if log_tail and final_state != JobState.SUCCEEDED else {}
     store.append_event(job_event(EventType.JOB_END, final, now, extra))
     note_task_end(store, final)
@@ -194,5 +182,4 @@ def observed_state(job: Job, claims: dict[str, Any]) -> str:
 
 
 def reload_job(store: Store, job: Job) -> Job:
-    data = store.load_job_dict(job_id=job.id)
-    return Job.from_dict(data) if data else job
+    return store.load_job(job_id=job.id) or job

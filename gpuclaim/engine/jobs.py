@@ -176,7 +176,7 @@ def submit_job(
         nodes = [n for n in nodes_for(config, job) if n.name not in view.unreachable]
         job = _with_copies(config, ops, job, req, nodes)
     if req.queue:
-        store.create_job(job=job.to_dict())
+        store.create_job(job=job)
         store.enqueue(job_id=job.id)
         store.append_event(job_event(EventType.JOB_QUEUED, job, job.submitted))
         dispatch_queue(config, store, prober=prober, ops=ops)
@@ -193,7 +193,7 @@ def submit_job(
                 release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
             raise
     job = job.with_(state=JobState.STARTING, ranks=tuple(ranks))
-    store.create_job(job=job.to_dict())
+    store.create_job(job=job)
     return start_ranks(config, store, job, ops)
 
 
@@ -285,9 +285,9 @@ def take_out_of_queue(
         },
         only_from=[JobState.QUEUED],
     )
-    if not result["applied"]:
+    if not result.applied:
         return None
-    killed = Job.from_dict(result["job"])
+    killed = result.job
     note_task_end(store, killed)
     return killed
 

@@ -81,10 +81,10 @@ def _keep(config: Any, store: Any, node: str, lock_name: str) -> int:
 def _waiting_for(store: Any, node: str) -> bool:
     """Is any queued job one that this node could start on its own?"""
     for entry in store.queue_entries():
-        data = store.load_job_dict(job_id=entry.split("-", 1)[1])
-        if not data or data.get("state") != JobState.QUEUED:
+        job = store.load_job(job_id=entry.split("-", 1)[1])
+        if job is None or job.state != JobState.QUEUED:
             continue
-        if data.get("node") in (None, node) and int(data.get("nodes_wanted") or 1) == 1:
+        if job.node in (None, node) and job.nodes_wanted == 1:
             return True
     return False
 

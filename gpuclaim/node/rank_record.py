@@ -77,12 +77,12 @@ class RankRecord:
 
     def _check_stop_request(self) -> None:
         try:
-            current = self.store.load_job_dict(self.job.id)
+            current = self.store.load_job(self.job.id)
         except GpuclaimError:
             return
-        if current and current.get("stop_requested") and self.stop_reason is None:
+        if current and current.stop_requested and self.stop_reason is None:
             self.stop_reason = JobState.KILLED
-            self.job = self.job.with_(stop_requested=current["stop_requested"])
+            self.job = self.job.with_(stop_requested=current.stop_requested)
 
     def _record_start(self, started: float) -> None:
         from gpuclaim.core.model import iso
@@ -104,12 +104,11 @@ class RankRecord:
             changes={"state": JobState.RUNNING, "started": iso(started)},
             only_from=[JobState.STARTING],
         )
-        if result["applied"]:
+        if result.applied:
             from gpuclaim.core.events import job_event
-            from gpuclaim.core.model import Job
             from gpuclaim.engine.array_records import note_task_start
 
-            started_job = Job.from_dict(result["job"])
+            started_job = result.job
             self.store.append_event(job_event(EventType.JOB_START, started_job, started))
             note_task_start(self.store, started_job)
             # Tell Slack from here, beside the running job, without holding up its output.

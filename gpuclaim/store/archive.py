@@ -15,8 +15,10 @@ import os
 import time
 from typing import Any
 
+from gpuclaim.core.model import Job
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import _mkdir_shared, _nonce, _safe, _unlink_quiet, storage_error
+from gpuclaim.store.records import parsed_jobs
 
 ARCHIVE_DIR = "archive"  # under jobs/
 ARCHIVE_LOCK = "jobs-archive"
@@ -66,8 +68,9 @@ class JobArchivePart(StoreBase):
                 raise storage_error(self.root, exc) from exc
         return len(paths)
 
-    def archived_job_dicts(self) -> list[dict[str, Any]]:
-        """Every archived job record, oldest batch first (a torn or damaged line skipped)."""
+    def archived_jobs(self) -> list[Job]:
+        """Every archived job, oldest batch first (a torn or damaged line, or one that is no
+        job, skipped)."""
         directory = self._p("jobs", ARCHIVE_DIR)
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
@@ -86,4 +89,4 @@ class JobArchivePart(StoreBase):
                     continue
                 if isinstance(data, dict):
                     found.append(data)
-        return found
+        return parsed_jobs(found)

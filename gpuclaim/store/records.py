@@ -7,6 +7,7 @@ import os
 from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError, StoreError
+from gpuclaim.core.model import Job, JobUpdate
 from gpuclaim.core.states import JobState, check_transition
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import (
@@ -21,16 +22,22 @@ from gpuclaim.store.files import (
 
 
 class JobRecordsPart(StoreBase):
-    def create_job(self, job: dict[str, Any]) -> None:
+    def create_job(self, job: Job) -> None:
         """Publish a new job record; its id must be new."""
-        tmp = self._stage(_encode(job))
+        tmp = self._stage(_encode(job.to_dict()))
         try:
-            if not _link_exclusive(tmp, self._p("jobs", f"{job['id']}.json")):
-                raise ConflictError(f"job {job['id']} exists already")
+            if not _link_exclusive(tmp, self._p("jobs", f"{job.id}.json")):
+                raise ConflictError(f"job {job.id} exists already")
         finally:
             _discard(tmp)
 
-    def load_job_dict(self, job_id: str) -> Optional[dict[str, Any]]:
+    def load_job(self, job_id: str) -> Optional[Job]:
+        """The job's record; None if there is none. One that is there but unreadable, or
+        no job, raises StoreError: a damaged record is never taken for a missing one."""
+        data = self._job_record(job_id)
+        return None if data is None else self._parsed(job_id, data)
+
+    def _job_record(self, job_id: str) -> Optional[dict[str, Any]]:
         path = self._p("jobs", f"{_safe(job_id)}.json")
         try:
             data = json.loads(path.read_bytes().decode("utf-8"))
@@ -40,14 +47,14 @@ class JobRecordsPart(StoreBase):
             raise StoreError(f"job record {path} is damaged: {exc}") from exc
         return data if isinstance(data, dict) else None
 
-    def list_job_dicts(self) -> list[dict[str, Any]]:
-        """Every readable job record (a damaged one is skipped, not fatal)."""
+    def list_jobs(self) -> list[Job]:
+        """Every readable job record (a damaged one, or one that is no job, is skipped)."""
         result: list[dict[str, Any]] = []
         folder = str(self._p("jobs"))
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
-            return result
+            return []
         for name in names:
             if not name.endswith(".json"):
                 continue
@@ -58,7 +65,7 @@ class JobRecordsPart(StoreBase):
                 continue
             if isinstance(data, dict):
                 result.append(data)
-        return result
+        return parsed_jobs(result)
 
     def update_job(
         self,
@@ -67,17 +74,16 @@ class JobRecordsPart(StoreBase):
         only_from: Optional[list[str]] = None,
         rank: Optional[int] = None,
         rank_changes: Optional[dict[str, Any]] = None,
-    ) -> dict[str, Any]:
+    ) -> JobUpdate:
         """Apply ``changes`` (top-level keys of the job's JSON) and ``rank_changes`` (keys of
-        one rank) under the job's lock, only if its state is in ``only_from``.
-        Returns {"job": the record after, "applied": bool}."""
+        one rank) under the job's lock, only if its state is in ``only_from``."""
         lock_name = f"job-{_safe(job_id)}"
         with self.gpu_lock(lock_name):
-            current = self.load_job_dict(job_id)
+            current = self._job_record(job_id)
             if current is None:
                 raise StoreError(f"no job record {job_id}")
             if only_from is not None and current.get("state") not in only_from:
-                return {"job": current, "applied": False}
+                return JobUpdate(self._parsed(job_id, current), False)
             _check_states(job_id, current, changes, rank, rank_changes)
             updated = dict(current, **changes)
             if rank is not None and rank_changes:
@@ -91,7 +97,14 @@ class JobRecordsPart(StoreBase):
             except OSError as exc:
                 _discard(tmp)
                 raise storage_error(self.root, exc) from exc
-            return {"job": updated, "applied": True}
+            return JobUpdate(self._parsed(job_id, updated), True)
+
+    def _parsed(self, job_id: str, data: dict[str, Any]) -> Job:
+        try:
+            return Job.from_dict(data)
+        except UNPARSED as exc:
+            path = self._p("jobs", f"{_safe(job_id)}.json")
+            raise StoreError(f"job record {path} is damaged: {exc!r}") from exc
 
     def beat(self, claim_id: str, interval: float) -> None:
         """A job wrapper's sign of life for its claim (the file's mtime is the storage clock)."""
@@ -118,3 +131,19 @@ def _check_states(
             if r.get("rank") == rank:
                 old = str(r.get("state", JobState.STARTING))
                 check_transition(old, str(rank_changes["state"]), f"job {job_id} rank {rank}")
+
+
+# What a job record that is JSON but no job raises when parsed (hand-edited, or a newer
+# gpuclaim's that changed a field's shape).
+UNPARSED = (KeyError, ValueError, TypeError)
+
+
+def parsed_jobs(records: list[dict[str, Any]]) -> list[Job]:
+    """The records that are jobs; the others are skipped (a listing is never refused)."""
+    jobs = []
+    for d in records:
+        try:
+            jobs.append(Job.from_dict(d))
+        except UNPARSED:
+            continue
+    return jobs

@@ -190,7 +190,7 @@ class Cluster:
         self.clock.advance(1.0)
         req = RunRequest(user=user, argv=("python", "train.py"), name=name, count=count, **more)
         job = job_from_request(req, new_job_id(), name, time_s, self.clock.now, after=after)
-        self.store.create_job(job=job.to_dict())
+        self.store.create_job(job=job)
         self.store.enqueue(job_id=job.id)
         return job
 
@@ -201,7 +201,7 @@ class Cluster:
         job = job_from_request(req, new_job_id(), name, HOUR, self.clock.now).with_(
             state=state, **more
         )
-        self.store.create_job(job=job.to_dict())
+        self.store.create_job(job=job)
         return job
 
     def array(

@@ -95,5 +95,5 @@ def add_job(
         exit_code=0 if state == "succeeded" else None,
         array=array,
     )
-    store.create_job(job.to_dict())
+    store.create_job(job)
     return job

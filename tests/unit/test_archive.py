@@ -3,6 +3,7 @@ after their end, in batch files written whole, and every reader still finds them
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -23,11 +24,11 @@ from tests.unit.job_factory import DAY, add_job, new_store
 
 
 def _live_ids(store: ClaimStore) -> set[str]:
-    return {d["id"] for d in store.list_job_dicts()}
+    return {j.id for j in store.list_jobs()}
 
 
 def _archived_ids(store: ClaimStore) -> list[str]:
-    return [d["id"] for d in store.archived_job_dicts()]
+    return [j.id for j in store.archived_jobs()]
 
 
 def _batches(store: ClaimStore) -> list[Path]:
@@ -47,10 +48,8 @@ def test_archive_jobs_moves_records_into_one_batch_file(tmp_path: Path) -> None:
     assert sorted(_archived_ids(store)) == ["a", "b"]
     [batch] = _batches(store)
     assert len(batch.read_text().splitlines()) == 2
-    assert store.load_job_dict("a") is None
-    assert load_job_anywhere(store, "a") == next(
-        d for d in store.archived_job_dicts() if d["id"] == "a"
-    )
+    assert store.load_job("a") is None
+    assert load_job_anywhere(store, "a") == next(j for j in store.archived_jobs() if j.id == "a")
 
 
 def test_missing_or_damaged_records_are_left_where_they_are(tmp_path: Path) -> None:
@@ -88,12 +87,14 @@ def test_a_long_move_is_written_in_chunks(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_a_torn_or_foreign_line_in_a_batch_is_skipped(tmp_path: Path) -> None:
     store = new_store(tmp_path)
-    assert store.archived_job_dicts() == []  # no archive yet
+    assert store.archived_jobs() == []  # no archive yet
     folder = store.root / "jobs" / "archive"
     folder.mkdir()
-    (folder / "20260101T000000Z-x.jsonl").write_text('{"id": "a"}\n[1, 2]\n\xff\n{"id": "b"')
-    (folder / "20260102T000000Z-y.jsonl").write_text('{"id": "c"}\n')
-    (folder / "notes.txt").write_text('{"id": "d"}\n')
+    line = {i: json.dumps(add_job(store, i).to_dict()) for i in "abcd"}
+    torn = line["b"][:-3]
+    (folder / "20260101T000000Z-x.jsonl").write_text(f"{line['a']}\n[1, 2]\n\xff\n{torn}")
+    (folder / "20260102T000000Z-y.jsonl").write_text(f'{{"id": "no job"}}\n{line["c"]}\n')
+    (folder / "notes.txt").write_text(f"{line['d']}\n")
     assert _archived_ids(store) == ["a", "c"]
 
 
@@ -164,12 +165,13 @@ def test_a_store_that_refuses_the_move_is_still_read(
 def test_a_record_in_both_places_is_listed_once_the_live_one(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     _old(store, "a", name="first")
-    live = store.load_job_dict("a") or {}
+    live = store.load_job("a")
+    assert live is not None
     store.archive_jobs(job_ids=["a"])
-    store.create_job(dict(live, name="renamed"))  # a crash between publish and unlink
+    store.create_job(live.with_(name="renamed"))  # a crash between publish and unlink
     jobs = load_jobs(store, archived=True)
     assert [(j.id, j.name) for j in jobs] == [("a", "renamed")]
-    assert load_job_anywhere(store, "a") == dict(live, name="renamed")
+    assert load_job_anywhere(store, "a") == live.with_(name="renamed")
 
 
 def test_names_of_archived_jobs_are_still_found_oldest_first(tmp_path: Path) -> None:

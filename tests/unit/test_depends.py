@@ -102,7 +102,7 @@ def test_the_newest_of_a_job_and_an_array_of_one_name_wins(c):
 def test_an_archived_job_is_still_found(c):
     old = c.record("alice", "prep", "succeeded")
     assert c.store.archive_jobs(job_ids=[old.id]) == 1
-    assert c.store.load_job_dict(job_id=old.id) is None
+    assert c.store.load_job(job_id=old.id) is None
     assert resolve_after(c.store, "alice", ["prep"], [], "train")[0].id == old.id
 
 

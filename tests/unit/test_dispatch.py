@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuclaim.core.model import Dependency, Job
+from gpuclaim.core.model import Dependency
 from gpuclaim.engine.arrays import ArrayRequest, submit_array
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.dispatch import running_tasks
@@ -36,9 +36,7 @@ def array(c, user, name, count, limit=None, after=()):
 
 
 def task_states(c, array_id):
-    return sorted(
-        j["state"] for j in c.store.list_job_dicts() if j["id"].startswith(array_id + "-")
-    )
+    return sorted(j.state for j in c.store.list_jobs() if j.id.startswith(array_id + "-"))
 
 
 # -- what starts, in what order ---------------------------------------------------------------
@@ -111,9 +109,9 @@ def test_a_waiting_gang_job_holds_up_every_later_job(tmp_path):
     assert c.dispatch() == []
     free_up(c, held)
     assert c.dispatch() == ["gang"]
-    gang = next(j for j in c.store.list_job_dicts() if j["name"] == "gang")
-    assert [r["node"] for r in gang["ranks"]] == ["node01", "node02"]
-    assert gang["state"] == "starting"
+    gang = next(j for j in c.store.list_jobs() if j.name == "gang")
+    assert [r.node for r in gang.ranks] == ["node01", "node02"]
+    assert gang.state == "starting"
 
 
 def test_a_job_killed_or_gone_while_queued_leaves_the_queue_unstarted(c):
@@ -219,8 +217,8 @@ def test_an_array_never_runs_more_than_its_k_tasks_at_once(tmp_path):
     assert task_states(c, array_id) == ["queued"] * 3 + ["starting"] * 2
     assert running_tasks(c.store.snapshot(), array_id) == 2
     assert c.dispatch() == []  # two GPUs free, but %2
-    first = next(j for j in c.store.list_job_dicts() if j["state"] == "starting")
-    c.end(Job.from_dict(first))
+    first = next(j for j in c.store.list_jobs() if j.state == "starting")
+    c.end(first)
     assert c.dispatch() == ["sweep[2]"]
     assert running_tasks(c.store.snapshot(), array_id) == 2
 

@@ -206,12 +206,12 @@ def test_a_running_jobs_claim_is_released_only_if_the_admin_chose_that(tmp_path:
     spared = _config(tmp_path, window="30m", release_after="1h")
     view = _view(spared, store, _gpus())
     assert apply_policy(spared, store, view, _idle_for(view, claim.id, 86400)) == []
-    assert store.load_job_dict("j1")["stop_requested"] is None  # type: ignore[index]
+    assert store.load_job("j1").stop_requested is None  # type: ignore[union-attr]
 
     chosen = _config(tmp_path, window="30m", release_after="1h", release_jobs=True)
     released = apply_policy(chosen, store, view, _idle_for(view, claim.id, 86400))
     assert [c.id for c in released] == [claim.id]
-    assert store.load_job_dict(job.id)["stop_requested"] == "kill"  # type: ignore[index]
+    assert store.load_job(job.id).stop_requested == "kill"  # type: ignore[union-attr]
 
 
 def test_a_stale_claim_is_neither_warned_about_nor_released(tmp_path: Path) -> None:

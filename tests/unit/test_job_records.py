@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuclaim.core.errors import GpuclaimError, IllegalTransition
+from gpuclaim.core.errors import GpuclaimError, IllegalTransition, StoreError
 from gpuclaim.core.model import Job, JobRank
 from gpuclaim.engine.job_records import (
     _job_outcome,
@@ -56,7 +56,7 @@ def test_a_failed_rank_keeps_its_exit_code_reason_and_log_tail(tmp_path: Path) -
     assert (final.state, final.exit_code, final.reason) == ("failed", 3, "exit code 3")
     [end] = _events(store, "job-end")
     assert end.extra["log_tail"] == "Traceback ..." and end.extra["exit_code"] == 3
-    assert Job.from_dict(store.load_job_dict("j1") or {}).state == "failed"
+    assert reload_job(store, job).state == "failed"
 
 
 def test_the_last_of_two_ranks_decides_and_the_first_only_frees_its_own_claim(
@@ -104,7 +104,7 @@ def test_a_job_made_final_meanwhile_is_not_ended_twice(tmp_path: Path) -> None:
     job = add_job(store, "j1", claimed=True)
     store.update_job(job_id="j1", changes={"state": "killed", "exit_code": 143})
     assert finish_rank(store, job, 0, "killed", 143, "killed") is None
-    record = Job.from_dict(store.load_job_dict("j1") or {})
+    record = reload_job(store, job)
     assert (record.state, record.exit_code) == ("killed", 143)
     assert not _events(store, "job-end")
     assert store.snapshot().claims == {}  # its claim is given back all the same
@@ -192,12 +192,27 @@ def test_load_jobs_orders_by_submission_and_skips_a_damaged_record(tmp_path: Pat
     assert [j.id for j in load_jobs(store)] == ["a", "b"]
 
 
+def test_one_record_that_is_no_job_is_reported_damaged_not_taken_for_missing(
+    tmp_path: Path,
+) -> None:
+    store = new_store(tmp_path)
+    (store.root / "jobs" / "nosubmit.json").write_text('{"id": "x", "name": "x"}')
+    (store.root / "jobs" / "torn.json").write_text('{"id": "torn", "name": ')
+    for job_id in ("nosubmit", "torn"):
+        with pytest.raises(StoreError, match=rf"job record .*{job_id}\.json is damaged"):
+            store.load_job(job_id)
+    with pytest.raises(StoreError, match=r"nosubmit\.json is damaged"):
+        store.update_job(job_id="nosubmit", changes={"reason": "x"})
+    assert store.load_job("gone") is None
+
+
 def test_the_store_refuses_an_end_overwritten_and_keeps_the_record(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     job = add_job(store, "j1", state="succeeded")
     with pytest.raises(IllegalTransition, match="job j1: 'running' may not follow 'succeeded'"):
         store.update_job(job_id=job.id, changes={"state": "running"})
-    assert store.load_job_dict(job_id=job.id)["state"] == "succeeded"
+    kept = store.load_job(job_id=job.id)
+    assert kept is not None and kept.state == "succeeded"
     with pytest.raises(IllegalTransition, match="rank 0: 'running' may not follow 'succeeded'"):
         store.update_job(job_id=job.id, changes={}, rank=0, rank_changes={"state": "running"})
 
