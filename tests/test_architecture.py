@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuclaim.core.booking import Booking, EndedBooking
 from gpuclaim.core.model import Claim, ClaimedGpu, Event, Job, JobUpdate
 from gpuclaim.node.channel import LocalChannel
 from gpuclaim.node.home import BOOT
@@ -318,6 +319,13 @@ def test_positional_and_typed_calls_cross_the_remote_proxy(tmp_path: Path) -> No
     assert isinstance(result, JobUpdate) and result.applied
     assert result.job == job.with_(state="running") == remote.load_job("j-1")
     assert remote.list_jobs() == [result.job]
+    booking = Booking("r-1", "ann", "n1", (ClaimedGpu("GPU-b", 1),), now + 60, now + 120)
+    remote.book(booking)
+    assert remote.bookings() == [booking]
+    assert remote.update_booking("r-1", {"used": now + 61}) == booking.marked_used(now + 61)
+    ended = remote.end_booking("r-1", {"ended": now + 62, "ended_why": "cancelled", "by": "bo"})
+    assert ended == EndedBooking(booking.marked_used(now + 61), now + 62, "cancelled", "bo")
+    assert remote.ended_bookings() == [ended] and remote.bookings() == []
     remote.append_event(Event(ts=now, type="claim", user="ann"))
     events, bad = remote.read_events()
     assert bad == 0 and [e.type for e in events] == ["claim"]

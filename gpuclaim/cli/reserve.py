@@ -131,7 +131,7 @@ def _make(
 
 def _list(ctx: typer.Context, all_: bool, as_json: bool) -> None:
     from gpuclaim.core.booking import Booking
-    from gpuclaim.engine.reservations import ended_bookings, settle_bookings
+    from gpuclaim.engine.reservations import settle_bookings
 
     st = state(ctx, looking=True)
     snap = settle_bookings(st.config, st.store, st.store.snapshot())
@@ -139,7 +139,7 @@ def _list(ctx: typer.Context, all_: bool, as_json: bool) -> None:
         (b, "open" if b.is_open(snap.now) else "upcoming") for b in snap.bookings
     ]
     if all_:
-        rows += [(b, str(rec.get("ended_why") or "over")) for b, rec in ended_bookings(st.store)]
+        rows += [(e.booking, e.why or "over") for e in st.store.ended_bookings()]
     rows.sort(key=lambda r: (r[0].start, r[0].node, r[0].indices))
     live = [completion.booking_item(b) for b in snap.bookings]
     completion.remember(st.config.path, replace={"reservations": live})

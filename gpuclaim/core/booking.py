@@ -109,3 +109,35 @@ class Booking(HoldsGpus):
     def short_dict(self) -> dict[str, Any]:
         """What a GPU row of ``status --json`` carries."""
         return {"id": self.id, "user": self.user, "start": iso(self.start), "end": iso(self.end)}
+
+
+@dataclass(frozen=True)
+class EndedBooking:
+    """A booking that ended (``reservations/ended/``): when, why (a ``BookingEnd``'s word;
+    kept as written, a newer gpuclaim's too) and who cancelled it."""
+
+    booking: Booking
+    ended: Optional[float] = None
+    why: str = ""
+    by: Optional[str] = None
+
+    def to_record(self) -> dict[str, Any]:
+        return dict(self.booking.to_record(), ended=self.ended, ended_why=self.why, by=self.by)
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> EndedBooking:
+        by = d.get("by")
+        return cls(
+            booking=Booking.from_record(d),
+            ended=_number(d.get("ended")),
+            why=str(d.get("ended_why") or ""),
+            by=None if by is None else str(by),
+        )
+
+
+def _number(value: Any) -> Optional[float]:
+    """A time as written, if it is one (only ``gc`` reads it, and falls back on the end)."""
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,8 +1,9 @@
 """Values across the agent's JSON: plain JSON as it is, our records by name.
 
-A record (a class with ``to_dict``/``from_dict``) travels as ``{"$t": NAME, "v": DICT}``, a
-tuple as ``{"$t": "tuple", "v": LIST}``; a plain dict that happens to hold a ``"$t"`` key is
-wrapped too, so nothing is ever taken for what it is not.
+A record (a class with ``to_dict``/``from_dict``, or ``to_record``/``from_record`` where its
+``to_dict`` is a display shape, as a booking's ``--json``) travels as ``{"$t": NAME, "v":
+DICT}``, a tuple as ``{"$t": "tuple", "v": LIST}``; a plain dict that happens to hold a
+``"$t"`` key is wrapped too, so nothing is ever taken for what it is not.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Codec:
             return {TAG: "dict", "v": plain} if TAG in plain else plain
         name = type(value).__name__
         if name in self.records:
-            return {TAG: name, "v": value.to_dict()}
+            dump = getattr(value, "to_record", None) or value.to_dict
+            return {TAG: name, "v": dump()}
         raise TypeError(f"cannot send a {name} to or from the agent")
 
     def decode(self, value: Any) -> Any:
@@ -48,4 +50,5 @@ class Codec:
         cls = self.records.get(str(tag))
         if cls is None:
             raise ValueError(f"unknown record {tag!r} from the agent")
-        return cls.from_dict(inner)
+        load = getattr(cls, "from_record", None) or cls.from_dict
+        return load(inner)

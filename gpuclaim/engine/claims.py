@@ -182,7 +182,7 @@ def _check_bookings_allow(
 
 
 def _booked_meanwhile(store: Store, claim: Claim) -> Optional[Booking]:
-    bookings = [Booking.from_record(r) for r in store.booking_records()]
+    bookings = store.bookings()
     for uuid in claim.uuids:
         b = blocking(bookings, uuid, claim.user, claim.since, claim.expires)
         if b is not None:

@@ -14,6 +14,7 @@ from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
+from gpuclaim.core.records import Drain
 from gpuclaim.core.states import GpuState
 from gpuclaim.engine.reservations import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
@@ -62,7 +63,7 @@ class ClusterView:
     rows: list[GpuRow]
     inventories: dict[str, NodeInventory]
     snapshot: Snapshot
-    drains: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drains: dict[str, Drain] = field(default_factory=dict)
 
     @property
     def unreachable(self) -> list[str]:

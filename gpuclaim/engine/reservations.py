@@ -101,7 +101,7 @@ def make_booking(
             host=this_host(),
         )
         try:
-            store.book(booking.to_record())
+            store.book(booking)
         except ConflictError as exc:
             if req.exact or attempt == RACE_RETRIES - 1:
                 raise _worded(store, booking, exc, now) from None
@@ -255,7 +255,7 @@ def booking_phrase(b: Booking, now: float) -> str:
 
 def _worded(store: Store, booking: Booking, exc: ConflictError, now: float) -> ConflictError:
     """The store says what won a race without times; say it with the window in local time."""
-    others = [Booking.from_record(r) for r in store.booking_records() if r.get("id") != booking.id]
+    others = [b for b in store.bookings() if b.id != booking.id]
     clashes = [
         describe(b, now, set(b.indices) & set(booking.indices))
         for b in others
@@ -268,15 +268,15 @@ def _worded(store: Store, booking: Booking, exc: ConflictError, now: float) -> C
 
 
 def cancel_booking(store: Store, user: str, booking_id: str, force: bool = False) -> Booking:
-    live = {str(r.get("id")): r for r in store.booking_records()}
-    record = live.get(booking_id)
-    if record is None:
-        past = {str(r.get("id")): r for r in store.ended_booking_records()}
+    live = {b.id: b for b in store.bookings()}
+    found = live.get(booking_id)
+    if found is None:
+        past = {e.booking.id: e for e in store.ended_bookings()}
         if booking_id in past:
-            why = past[booking_id].get("ended_why") or "ended"
+            why = past[booking_id].why or "ended"
             raise GpuclaimError(f"reservation {booking_id} has already ended ({why})")
         raise GpuclaimError(f"no reservation {booking_id!r}", hint="see 'gpuclaim reserve --list'")
-    booking = Booking.from_record(record)
+    booking = found
     if booking.user != user and not force:
         raise ConflictError(
             f"reservation {booking_id} belongs to {booking.user}",
@@ -291,17 +291,6 @@ def cancel_booking(store: Store, user: str, booking_id: str, force: bool = False
     by = user if user != booking.user else None
     store.append_event(booking_event(EventType.RESERVE_CANCEL, booking, now, by=by))
     return booking
-
-
-def ended_bookings(store: Store) -> list[tuple[Booking, dict[str, object]]]:
-    """Past bookings with how they ended (``ended_why``: over, cancelled, no-show)."""
-    result = []
-    for record in store.ended_booking_records():
-        try:
-            result.append((Booking.from_record(record), record))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return result
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.core.booking import Booking
+from gpuclaim.core.booking import Booking, EndedBooking
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.states import GpuState
 from gpuclaim.store.claims import ClaimsPart
@@ -45,11 +45,11 @@ class BookingsPart(ClaimsPart):
     def snapshot(self) -> Snapshot:
         """The claims' snapshot, with the live bookings (placement and looks need both)."""
         snap = super().snapshot()
-        snap.bookings = [Booking.from_record(r) for r in self.booking_records()]
+        snap.bookings = self.bookings()
         return snap
 
-    def booking_records(self) -> list[dict[str, Any]]:
-        """Every live booking's record (a damaged file is skipped: it books nothing)."""
+    def bookings(self) -> list[Booking]:
+        """Every live booking (a damaged file is skipped: it books nothing)."""
         directory = self._p(BOOKINGS_DIR)
         try:
             names = _listdir_stale_safe(directory)
@@ -63,7 +63,7 @@ class BookingsPart(ClaimsPart):
                 continue
             record = self._read_booking(name[: -len(".json")])
             if record is not None:
-                records.append(record)
+                records.append(Booking.from_record(record))
         return records
 
     def _read_booking(self, booking_id: str, ended: bool = False) -> Optional[dict[str, Any]]:
@@ -73,20 +73,18 @@ class BookingsPart(ClaimsPart):
         except (OSError, *_DAMAGED):
             return None
 
-    def book(self, record: dict[str, Any]) -> None:
+    def book(self, booking: Booking) -> None:
         """Publish a booking unless one of another booking or a live claim of someone else
         overlaps it; ConflictError names what is in the way."""
-        booking = Booking.from_record(record)
         self._ensure_bookings_dir()
         with self._gpu_locks(booking.uuids):
-            for other in self.booking_records():
-                theirs = Booking.from_record(other)
+            for theirs in self.bookings():
                 if theirs.shares_gpus(booking.uuids) and theirs.overlaps(
                     booking.start, booking.end
                 ):
                     raise ConflictError(f"{_which(theirs, booking)} {_booked_by(theirs)}")
             target = self._p(BOOKINGS_DIR, f"{booking.id}.json")
-            self._publish(self._stage(_encode(record)), target)
+            self._publish(self._stage(_encode(booking.to_record())), target)
             # Written first, read second (see the module's docstring): a claim that linked
             # meanwhile is seen here, or sees this booking after its own link.
             in_way = self._claims_in_the_way(booking)
@@ -111,7 +109,7 @@ class BookingsPart(ClaimsPart):
             for c in blocking
         )
 
-    def update_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[dict[str, Any]]:
+    def update_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[Booking]:
         """Rewrite a live booking with ``changes`` (e.g. ``used``); None if it is gone."""
         with self.gpu_lock(f"booking-{booking_id}"):
             record = self._read_booking(booking_id)
@@ -119,11 +117,11 @@ class BookingsPart(ClaimsPart):
                 return None
             record.update(changes)
             self._publish(self._stage(_encode(record)), self._p(BOOKINGS_DIR, f"{booking_id}.json"))
-            return record
+            return Booking.from_record(record)
 
-    def end_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[dict[str, Any]]:
+    def end_booking(self, booking_id: str, changes: dict[str, Any]) -> Optional[EndedBooking]:
         """Move a live booking to ``ended/`` with ``changes`` (why, when). Exactly one of several
-        callers gets the record back (the one whose exclusive link made the ended file);
+        callers gets the ended booking back (the one whose exclusive link made the ended file);
         the others get None, as does a booking that is not there."""
         with self.gpu_lock(f"booking-{booking_id}"):
             record = self._read_booking(booking_id)
@@ -141,9 +139,10 @@ class BookingsPart(ClaimsPart):
             finally:
                 _discard(staged)
             _unlink_quiet(self._p(BOOKINGS_DIR, f"{booking_id}.json"))
-            return record if won else None
+            return EndedBooking.from_record(record) if won else None
 
-    def ended_booking_records(self) -> list[dict[str, Any]]:
+    def ended_bookings(self) -> list[EndedBooking]:
+        """Every ended booking, with when and why (a damaged file is skipped)."""
         directory = self._p(BOOKINGS_DIR, ENDED_DIR)
         try:
             names = os.listdir(directory)
@@ -154,7 +153,7 @@ class BookingsPart(ClaimsPart):
             if name.endswith(".json"):
                 record = self._read_booking(name[: -len(".json")], ended=True)
                 if record is not None:
-                    records.append(record)
+                    records.append(EndedBooking.from_record(record))
         return records
 
     def drop_ended_bookings(self, ended_before: float) -> dict[str, Any]:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
+from gpuclaim.core.records import Drain
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import _encode
 
 
 class DrainsPart(StoreBase):
-    def drains(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = {}
+    def drains(self) -> dict[str, Drain]:
+        result: dict[str, Drain] = {}
         try:
             names = os.listdir(self._p("drain"))
         except FileNotFoundError:
@@ -26,7 +26,7 @@ class DrainsPart(StoreBase):
                 result[name] = {"user": "?", "reason": "(unreadable drain mark)"}
         return result
 
-    def set_drain(self, node: str, info: dict[str, Any]) -> None:
+    def set_drain(self, node: str, info: Drain) -> None:
         self._publish(self._stage(_encode(info)), self._p("drain", node))
 
     def clear_drain(self, node: str) -> bool:

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import uuid as uuidlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -151,7 +152,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _encode(data: dict[str, Any]) -> bytes:
+def _encode(data: Mapping[str, Any]) -> bytes:
     return (json.dumps(data, sort_keys=True, ensure_ascii=True, indent=1) + "\n").encode()
 
 

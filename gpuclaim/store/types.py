@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.booking import Booking
 from gpuclaim.core.model import Claim
+from gpuclaim.core.records import Drain
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Snapshot:
     now: float
     files: dict[str, ClaimFile] = field(default_factory=dict)  # by GPU uuid
     claims: dict[str, ClaimStatus] = field(default_factory=dict)  # by claim id
-    drains: dict[str, dict[str, Any]] = field(default_factory=dict)  # by node
+    drains: dict[str, Drain] = field(default_factory=dict)  # by node
     # job wrappers' heartbeats by claim id: {"mtime", "interval", "boot_id", "pid", "start"}
     beats: dict[str, dict[str, Any]] = field(default_factory=dict)
     bookings: list[Booking] = field(default_factory=list)  # live ones (reserve)

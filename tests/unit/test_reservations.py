@@ -20,7 +20,6 @@ from gpuclaim.engine.reservations import (
     booking_for,
     cancel_booking,
     drop_old_bookings,
-    ended_bookings,
     gpus_by_node,
     settle_bookings,
     shown_booking,
@@ -32,11 +31,11 @@ DAY = 24 * HOUR
 
 
 def live(c):
-    return [r["id"] for r in c.store.booking_records()]
+    return [b.id for b in c.store.bookings()]
 
 
 def ended(c):
-    return {b.id: (why["ended_why"], b.used) for b, why in ended_bookings(c.store)}
+    return {e.booking.id: (e.why, e.booking.used) for e in c.store.ended_bookings()}
 
 
 def events(c, kind):
