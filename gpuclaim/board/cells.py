@@ -27,9 +27,9 @@ from gpuclaim.core.states import (
     style_of_face,
     unhandled,
 )
+from gpuclaim.engine.bookings import booking_phrase
 from gpuclaim.engine.cluster import GpuRow
 from gpuclaim.engine.launch import CLAIM_MARGIN_S
-from gpuclaim.engine.reservations import booking_phrase
 
 NARROW, MEDIUM, WIDE = "narrow", "medium", "wide"
 PADDING = 1  # DataTable cell_padding: this many spaces each side of every cell

@@ -13,7 +13,7 @@ from gpuclaim.core.errors import ExitCode
 from gpuclaim.core.states import FaceState
 
 if TYPE_CHECKING:
-    from gpuclaim.engine.reservations import EndedDropped
+    from gpuclaim.engine.bookings import EndedDropped
 
 # drain/undrain --json: whether the node is drained (its free GPUs show that face).
 DRAINED_FIELD = FaceState.DRAINED.value
@@ -25,9 +25,9 @@ def gc(
     quiet: bool = quiet_option(),
 ) -> None:
     """Remove expired and abandoned claims; set damaged claim files aside."""
+    from gpuclaim.engine.bookings import drop_old_bookings
     from gpuclaim.engine.claims import collect_garbage
     from gpuclaim.engine.job_records import archive_finished, load_jobs
-    from gpuclaim.engine.reservations import drop_old_bookings
     from gpuclaim.engine.sync import prune_copies
 
     st = state(ctx)

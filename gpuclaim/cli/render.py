@@ -19,8 +19,8 @@ from gpuclaim.core.states import (
     style_of_face,
     style_of_job,
 )
+from gpuclaim.engine.bookings import booking_phrase
 from gpuclaim.engine.cluster import ClusterView, GpuRow
-from gpuclaim.engine.reservations import booking_phrase
 
 if TYPE_CHECKING:
     from gpuclaim.app.doctor import NodeHealth

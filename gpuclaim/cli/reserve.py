@@ -78,8 +78,8 @@ def _make(
 ) -> None:
     from gpuclaim.core.durations import format_duration, parse_duration
     from gpuclaim.core.when import format_when, parse_when
+    from gpuclaim.engine.bookings import BookingRequest, gpus_by_node, make_booking
     from gpuclaim.engine.claims import parse_gpu_spec
-    from gpuclaim.engine.reservations import BookingRequest, gpus_by_node, make_booking
 
     if count is not None and gpu:
         raise UsageError("use one of -n and --gpu")
@@ -131,7 +131,7 @@ def _make(
 
 def _list(ctx: typer.Context, all_: bool, as_json: bool) -> None:
     from gpuclaim.core.booking import Booking
-    from gpuclaim.engine.reservations import settle_bookings
+    from gpuclaim.engine.bookings import settle_bookings
 
     st = state(ctx, looking=True)
     snap = settle_bookings(st.config, st.store, st.store.snapshot())
@@ -194,7 +194,7 @@ def _table(rows: list[tuple[Any, str]], now: float) -> Any:
 def _cancel(ctx: typer.Context, booking_id: str, force: bool, as_json: bool, quiet: bool) -> None:
     from gpuclaim.core.booking import BookingEnd
     from gpuclaim.core.when import format_when
-    from gpuclaim.engine.reservations import cancel_booking
+    from gpuclaim.engine.bookings import cancel_booking
 
     st = state(ctx)
     booking = cancel_booking(st.store, st.user, booking_id, force=force)

@@ -20,6 +20,13 @@ from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
+from gpuclaim.engine.bookings import (
+    blocked_message,
+    blocking,
+    booking_for,
+    my_open_bookings,
+    settle_bookings,
+)
 from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view, mark_lost_jobs
 from gpuclaim.engine.job_records import finish_rank, load_jobs
 from gpuclaim.engine.placement import (
@@ -30,13 +37,6 @@ from gpuclaim.engine.placement import (
     pick_exact,
     pick_free,
     usable_rows,
-)
-from gpuclaim.engine.reservations import (
-    blocked_message,
-    blocking,
-    booking_for,
-    my_open_bookings,
-    settle_bookings,
 )
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 

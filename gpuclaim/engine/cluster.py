@@ -16,7 +16,7 @@ from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.core.records import Drain
 from gpuclaim.core.states import GpuState
-from gpuclaim.engine.reservations import settle_bookings, shown_booking
+from gpuclaim.engine.bookings import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ from gpuclaim.core.events import job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
 from gpuclaim.core.states import JobState
 from gpuclaim.engine.array_records import array_of_task, note_task_end
+from gpuclaim.engine.bookings import my_open_bookings
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, READY, WAITING, judge
 from gpuclaim.engine.launch import NodeOps, place_and_claim, start_ranks
-from gpuclaim.engine.reservations import my_open_bookings
 from gpuclaim.store import Snapshot, Store
 
 

@@ -28,6 +28,7 @@ from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import EventType, Job, JobKind, iso
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
+from gpuclaim.engine.bookings import booking_for, settle_bookings
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
@@ -40,7 +41,6 @@ from gpuclaim.engine.launch import (
     start_keepers,
     start_ranks,
 )
-from gpuclaim.engine.reservations import booking_for, settle_bookings
 from gpuclaim.engine.sync import SyncPlan, push_copies
 from gpuclaim.store import Store
 

@@ -25,8 +25,8 @@ from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import Event, EventType
 from gpuclaim.core.states import GpuState, JobState, job_state, unhandled
 from gpuclaim.engine.array_records import ALL_SUCCEEDED
+from gpuclaim.engine.bookings import booking_event
 from gpuclaim.engine.cluster import ClusterView
-from gpuclaim.engine.reservations import booking_event
 from gpuclaim.store import Store
 
 # The ``[slack] events`` name of the messages that a node became unreachable.

@@ -17,8 +17,8 @@ from gpuclaim.core.errors import (
     UsageError,
 )
 from gpuclaim.core.states import GpuState
+from gpuclaim.engine.bookings import backfill_hint, blocked_message, blocking
 from gpuclaim.engine.cluster import ClusterView, GpuRow
-from gpuclaim.engine.reservations import backfill_hint, blocked_message, blocking
 
 
 @dataclass(frozen=True)

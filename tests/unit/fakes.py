@@ -18,13 +18,13 @@ from gpuclaim.core.config import Config, NodeConfig, parse_config
 from gpuclaim.core.errors import GpuclaimError, UnreachableError
 from gpuclaim.core.inventory import Gpu, NodeInventory
 from gpuclaim.core.model import Claim, Dependency, Job
+from gpuclaim.engine.bookings import BookingRequest, gpus_by_node, make_booking
 from gpuclaim.engine.claims import claim_gpus
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.dispatch import dispatch_queue
 from gpuclaim.engine.job_records import finish_rank, reload_job
 from gpuclaim.engine.jobs import RunRequest, job_from_request, new_job_id
 from gpuclaim.engine.placement import ClaimRequest
-from gpuclaim.engine.reservations import BookingRequest, gpus_by_node, make_booking
 from gpuclaim.node.probe.smi_parse import parse_query_xml
 from gpuclaim.store import ClaimStore
 

@@ -1,4 +1,4 @@
-"""Bookings (engine/reservations.py): made all or nothing, never overlapping another or a claim
+"""Bookings (engine/bookings.py): made all or nothing, never overlapping another or a claim
 that lasts into them, within the cluster's limits; settled by whoever looks (used, over,
 no-show after the grace); cancelled by their owner (or with --force)."""
 
@@ -13,8 +13,7 @@ from gpuclaim.core.errors import (
     UnreachableError,
     UsageError,
 )
-from gpuclaim.engine.claims import release_claims
-from gpuclaim.engine.reservations import (
+from gpuclaim.engine.bookings import (
     backfill_hint,
     blocking,
     booking_for,
@@ -24,6 +23,7 @@ from gpuclaim.engine.reservations import (
     settle_bookings,
     shown_booking,
 )
+from gpuclaim.engine.claims import release_claims
 
 from .fakes import HOUR, T0, make_cluster
 
