@@ -326,6 +326,11 @@ def test_positional_and_typed_calls_cross_the_remote_proxy(tmp_path: Path) -> No
     ended = remote.end_booking("r-1", {"ended": now + 62, "ended_why": "cancelled", "by": "bo"})
     assert ended == EndedBooking(booking.marked_used(now + 61), now + 62, "cancelled", "bo")
     assert remote.ended_bookings() == [ended] and remote.bookings() == []
+    array = {"id": "a-1", "name": "sweep", "user": "ann", "indices": [0, 1], "count": 2}
+    remote.create_array(array)  # an ArrayRecord is a dict: it crosses as one
+    assert remote.list_arrays() == [array] and remote.load_array("a-1") == array
+    summary = {"count": 2, "gpu_hours": 1.5}
+    assert remote.update_array("a-1", {"result": summary}) == {**array, "result": summary}
     remote.append_event(Event(ts=now, type="claim", user="ann"))
     events, bad = remote.read_events()
     assert bad == 0 and [e.type for e in events] == ["claim"]

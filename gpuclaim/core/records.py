@@ -4,7 +4,7 @@ nothing to convert). Standard library only: the node side reads them too."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, Optional, TypedDict
 
 
 class Drain(TypedDict, total=False):
@@ -14,3 +14,35 @@ class Drain(TypedDict, total=False):
     user: str
     reason: str
     since: float
+
+
+class _ArrayKeys(TypedDict):
+    """What every array record holds (and what callers index without ``.get``)."""
+
+    id: str  # 'a-<hex>'; its tasks are 'a-<hex>-<index>'
+    name: str
+    user: str
+
+
+class ArrayChanges(TypedDict, total=False):
+    """What ``update_array`` may change in a record: its summary, once its last task ended."""
+
+    # counts by state, the indices that did not succeed, GPU-hours, the span, and the flag
+    # that every task succeeded. Its key is the state word "succeeded" (ALL_SUCCEEDED in
+    # engine/array_records.py), and state words are spelt in core/states.py only, which a
+    # TypedDict cannot take a key from: so a plain dict, not a TypedDict of its own.
+    result: Optional[dict[str, Any]]
+
+
+class ArrayRecord(_ArrayKeys, ArrayChanges, total=False):
+    """``jobs/<id>.array``: a job array as ``run --array``/``--sweep`` made it; ``result``
+    is absent (or None) until the array ended."""
+
+    spec: str  # as the user gave it: '0-95%8', or the sweep file's name
+    indices: list[int]
+    count: int
+    max_running: Optional[int]
+    argv: list[str]
+    sweep: bool
+    submitted: float  # storage clock
+    after: list[dict[str, Any]]  # Dependency.to_dict() of each --after/--after-any

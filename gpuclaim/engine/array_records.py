@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuclaim.core.model import Event, EventType, Job, iso
+from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import JobState
 from gpuclaim.store import Store
 
@@ -34,7 +35,7 @@ def note_task_start(store: Store, job: Job) -> None:
     array = job.array
     if array is None or not store.mark_once(key=f"array-start-{array.id}"):
         return
-    record = store.load_array(array_id=array.id) or {}
+    record = store.load_array(array_id=array.id)
     store.append_event(
         Event(
             ts=store.now(),
@@ -46,7 +47,7 @@ def note_task_start(store: Store, job: Job) -> None:
                 "array_id": array.id,
                 "job": array.name,
                 "count": array.count,
-                "spec": record.get("spec", ""),
+                "spec": record.get("spec", "") if record is not None else "",
                 "max_running": array.max_running,
             },
         )
@@ -78,13 +79,14 @@ def note_task_end(store: Store, job: Job) -> Optional[dict[str, Any]]:
 
 def summarize(store: Store, array_id: str) -> dict[str, Any]:
     """Counts by state, the indices that did not succeed (by state), GPU-hours, the span."""
-    record = store.load_array(array_id=array_id) or {}
+    record = store.load_array(array_id=array_id)
+    indices = (record.get("indices") if record is not None else None) or []
     counts: dict[str, int] = {}
     unsuccessful: dict[str, list[int]] = {}
     gpu_s = 0.0
     first: Optional[float] = None
     last: Optional[float] = None
-    for index in record.get("indices") or ():
+    for index in indices:
         task = store.load_job(job_id=task_id(array_id, int(index)))
         if task is None:
             continue
@@ -98,17 +100,17 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
             first = task.started if first is None else min(first, task.started)
             last = end if last is None else max(last, end)
     return {
-        "count": len(record.get("indices") or ()),
+        "count": len(indices),
         "states": counts,
         "unsuccessful": unsuccessful,
         "gpu_hours": round(gpu_s / 3600, 4),
         "first_start": iso(first),
         "last_end": iso(last),
-        ALL_SUCCEEDED: counts.get(JobState.SUCCEEDED, 0) == len(record.get("indices") or ()),
+        ALL_SUCCEEDED: counts.get(JobState.SUCCEEDED, 0) == len(indices),
     }
 
 
-def array_tasks(store: Store, record: dict[str, Any]) -> list[Job]:
+def array_tasks(store: Store, record: ArrayRecord) -> list[Job]:
     """Every task of an array record, in index order, live or archived (a missing record is
     skipped; the archive is read only when a task is not live)."""
     array_id = str(record["id"])

@@ -16,6 +16,7 @@ from gpuclaim.core.config import Config
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import ArrayRef, EventType, Job
+from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState, started
 from gpuclaim.engine.array_records import ARRAY_ID_PREFIX, array_tasks, task_id
 from gpuclaim.engine.cluster import NodeProber, build_view
@@ -46,7 +47,7 @@ class ArrayRequest:
 
 @dataclass(frozen=True)
 class ArraySubmitted:
-    record: dict[str, Any]
+    record: ArrayRecord
     tasks: list[Job]
 
     def counts(self) -> dict[str, int]:
@@ -85,7 +86,7 @@ def submit_array(
         nodes = [n for n in nodes_for(config, template) if n.name not in view.unreachable]
         copy, copied = push_copies(config, ops, nodes, req.sync, array_id)
         workdir = f"{copy}/{req.sync_subdir}" if req.sync_subdir else copy
-    record = {
+    record: ArrayRecord = {
         "id": array_id,
         "name": name,
         "user": req.user,
@@ -133,7 +134,7 @@ def submit_array(
 
 def find_array(
     store: Store, user: str, name: str, active_only: bool = True, anyone: bool = False
-) -> Optional[dict[str, Any]]:
+) -> Optional[ArrayRecord]:
     """The newest array of ``user`` (of anyone, with ``anyone``) named ``name`` (or with that
     id); with ``active_only``, one that has not ended."""
     found = [
@@ -152,7 +153,7 @@ def kill_array(
     config: Config,
     store: Store,
     user: str,
-    record: dict[str, Any],
+    record: ArrayRecord,
     ops: NodeOps,
     wait_s: float = 0.0,
 ) -> list[Job]:
@@ -179,6 +180,6 @@ def live_tasks(tasks: Sequence[Job]) -> list[Job]:
     return [t for t in tasks if t.state in ACTIVE_JOB_STATES]
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: ArrayRecord) -> str:
     """'sweep[0-95]' for a record: its name and its indices."""
     return f"{record['name']}[{compact(tuple(record.get('indices') or ()))}]"

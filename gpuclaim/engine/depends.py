@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
+from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import JobState, ended, ended_badly
 from gpuclaim.engine.array_records import ALL_SUCCEEDED
 from gpuclaim.engine.job_records import load_archived, load_job_anywhere, load_jobs
@@ -58,7 +59,7 @@ def resolve_after(
 
 
 def _lookup(
-    jobs: list[Job], arrays: list[dict[str, Any]], user: str, name: str, any_end: bool
+    jobs: list[Job], arrays: list[ArrayRecord], user: str, name: str, any_end: bool
 ) -> tuple[Optional[Dependency], Optional[str]]:
     """(the dependency, its final state if it already ended) for the newest match."""
     candidates: list[tuple[float, Dependency, Optional[str]]] = []

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from gpuclaim.core.errors import ConflictError, StoreError
+from gpuclaim.core.records import ArrayChanges, ArrayRecord
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import (
     FILE_MODE,
@@ -26,7 +27,7 @@ ARRAY_SUFFIX = ".array"  # not ".json": job listings never read it as a job
 
 
 class ArraysPart(StoreBase):
-    def create_array(self, array: dict[str, Any]) -> None:
+    def create_array(self, array: ArrayRecord) -> None:
         """Publish a new array record (id, name, user, indices, ...); its id must be new."""
         tmp = self._stage(_encode(array))
         try:
@@ -35,7 +36,7 @@ class ArraysPart(StoreBase):
         finally:
             _discard(tmp)
 
-    def load_array(self, array_id: str) -> Optional[dict[str, Any]]:
+    def load_array(self, array_id: str) -> Optional[ArrayRecord]:
         path = self._p("jobs", f"{_safe(array_id)}{ARRAY_SUFFIX}")
         try:
             data = json.loads(path.read_bytes().decode("utf-8"))
@@ -43,11 +44,11 @@ class ArraysPart(StoreBase):
             return None
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             raise StoreError(f"array record {path} is damaged: {exc}") from exc
-        return data if isinstance(data, dict) else None
+        return cast(ArrayRecord, data) if isinstance(data, dict) else None
 
-    def list_arrays(self) -> list[dict[str, Any]]:
+    def list_arrays(self) -> list[ArrayRecord]:
         """Every readable array record (a damaged one is skipped)."""
-        found: list[dict[str, Any]] = []
+        found: list[ArrayRecord] = []
         try:
             names = os.listdir(self._p("jobs"))
         except FileNotFoundError:
@@ -59,14 +60,14 @@ class ArraysPart(StoreBase):
                     found.append(data)
         return found
 
-    def update_array(self, array_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def update_array(self, array_id: str, changes: ArrayChanges) -> ArrayRecord:
         """Merge ``changes`` into the record (its summary once it ended: one writer, the task
         that ended last)."""
         with self.gpu_lock(f"array-{_safe(array_id)}"):
             current = self.load_array(array_id)
             if current is None:
                 raise StoreError(f"no array record {array_id}")
-            updated = dict(current, **changes)
+            updated: ArrayRecord = {**current, **changes}
             self._publish(
                 self._stage(_encode(updated)),
                 self._p("jobs", f"{_safe(array_id)}{ARRAY_SUFFIX}"),
