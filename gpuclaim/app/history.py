@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuclaim.core.model import Event, EventType, iso
+from gpuclaim.core.records import UsageSummary
 from gpuclaim.store import Snapshot
 
 END_EVENTS = (EventType.RELEASE, EventType.FORCE_RELEASE, EventType.EXPIRE, EventType.REAP)
@@ -75,7 +76,7 @@ def summarize(
     since: Optional[float] = None,
     until: Optional[float] = None,
     user: Optional[str] = None,
-    usage: Optional[dict[str, dict[str, Any]]] = None,
+    usage: Optional[dict[str, UsageSummary]] = None,
 ) -> list[dict[str, Any]]:
     """GPU-hours grouped ``by`` user, node or (UTC) day, clipped to [since, until], with the
     part of them the GPUs were actually busy where utilisation was sampled."""
@@ -119,7 +120,7 @@ def summarize(
     return result
 
 
-def _busy_fraction(summary: Optional[dict[str, Any]]) -> Optional[float]:
+def _busy_fraction(summary: Optional[UsageSummary]) -> Optional[float]:
     """Busy share of a claim's sampled GPU time, or None if it was never sampled."""
     if not summary:
         return None

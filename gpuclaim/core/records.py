@@ -46,3 +46,27 @@ class ArrayRecord(_ArrayKeys, ArrayChanges, total=False):
     sweep: bool
     submitted: float  # storage clock
     after: list[dict[str, Any]]  # Dependency.to_dict() of each --after/--after-any
+
+
+class UsageSample(TypedDict):
+    """One look at a claim's GPUs for ``record_usage``: when the claim began, and each GPU's
+    utilisation in percent (None: not measurable, as under MIG)."""
+
+    since: float
+    utils: list[Optional[int]]
+
+
+class UsageSummary(TypedDict, total=False):
+    """``usage/<claim>.json``: a claim's rolling usage, folded one sample at a time by
+    ``core.usage.fold_sample`` (storage clock). Every key is there once one sample was folded;
+    a file read back is taken as it is."""
+
+    since: float  # the claim's start
+    last: float  # the last sample
+    samples: int
+    gpus: int
+    held_gpu_s: float  # GPU-seconds sampled
+    busy_gpu_s: float  # of which busy (utilisation-weighted)
+    mean_pct: float  # over about the last hour
+    max_pct: float
+    last_active: float  # when a GPU of the claim was last over the threshold

@@ -7,20 +7,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from gpuclaim.core.records import UsageSummary
+
 MAX_GAP_S = 300.0  # a sample stands for at most this long (nobody looked for an hour: unknown)
 EMA_TAU_S = 3600.0  # "mean over the last hour"
 
 
 def fold_sample(
-    current: Optional[dict[str, Any]],
+    current: Optional[UsageSummary],
     since: float,
     now: float,
     utils: list[Optional[int]],
     threshold_pct: float,
-) -> dict[str, Any]:
+) -> UsageSummary:
     """The summary after one more sample of the claim's GPUs (``None``: not measurable, as
     under MIG; counted as active, so an unmeasurable GPU is never called idle)."""
-    s = dict(current or {})
+    s: UsageSummary = current.copy() if current else {}
     last = float(s.get("last", since))
     dt = max(0.0, min(now - last, MAX_GAP_S)) if current else 0.0
     known = [u for u in utils if u is not None]
@@ -45,7 +47,6 @@ def fold_sample(
 
 @dataclass(frozen=True)
 class Idleness:
-    claim_id: str
     idle_for_s: float  # time since a GPU of the claim was last busy
     idle: bool
 
@@ -53,14 +54,14 @@ class Idleness:
         return {"idle": self.idle, "idle_for_s": round(self.idle_for_s)}
 
 
-def judge(summary: Optional[dict[str, Any]], now: float, window_s: float) -> Optional[Idleness]:
+def judge(summary: Optional[UsageSummary], now: float, window_s: float) -> Optional[Idleness]:
     if not summary:
         return None
     idle_for = max(0.0, now - float(summary.get("last_active", now)))
-    return Idleness(str(summary.get("claim", "")), idle_for, idle_for >= window_s)
+    return Idleness(idle_for, idle_for >= window_s)
 
 
-def usage_view(summary: Optional[dict[str, Any]], now: float, window_s: float) -> dict[str, Any]:
+def usage_view(summary: Optional[UsageSummary], now: float, window_s: float) -> dict[str, Any]:
     """The fields ``status --json`` adds to a claim."""
     if not summary:
         return {"idle": False, "idle_for_s": None, "mean_pct": None, "max_pct": None}

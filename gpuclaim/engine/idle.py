@@ -11,21 +11,20 @@ Standard library only: the job wrapper samples on its node.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuclaim.core.config import Config, IdlePolicy
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.model import Claim, Event, EventType
+from gpuclaim.core.records import UsageSample, UsageSummary
 from gpuclaim.core.states import GpuState
 from gpuclaim.core.usage import Idleness, judge
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.store import Store
 
 
-def sample_view(view: ClusterView, store: Store, threshold_pct: float) -> dict[str, dict[str, Any]]:
+def sample_view(view: ClusterView, store: Store, threshold_pct: float) -> dict[str, UsageSummary]:
     """Fold the utilisation this probe saw into each held claim's summary; returns them."""
-    samples: dict[str, dict[str, Any]] = {}
+    samples: dict[str, UsageSample] = {}
     for row in view.rows:
         if row.state != GpuState.CLAIMED or row.claim is None or row.gpu is None:
             continue
@@ -37,7 +36,7 @@ def sample_view(view: ClusterView, store: Store, threshold_pct: float) -> dict[s
 
 
 def apply_policy(
-    config: Config, store: Store, view: ClusterView, summaries: dict[str, dict[str, Any]]
+    config: Config, store: Store, view: ClusterView, summaries: dict[str, UsageSummary]
 ) -> list[Claim]:
     """Tell holders of idle claims (once per idle spell); release them if the admin said so.
     Returns the claims released."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import StorageRefusesWrites
+from gpuclaim.core.records import UsageSummary
 from gpuclaim.core.states import GpuState
 from gpuclaim.engine.claims import finish_lost_claim
 from gpuclaim.engine.cluster import ClusterView
@@ -16,7 +17,7 @@ from gpuclaim.store import Store
 
 def follow_up_look(
     config: Config, store: Store, view: ClusterView
-) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:
+) -> tuple[dict[str, UsageSummary], Optional[StorageRefusesWrites]]:
     """Record what the look found: jobs found lost, the usage it saw, the idle policy, Slack
     notices. Returns the claims' usage summaries, and why nothing could be recorded when the
     storage refuses writes (the look still shows what it holds; summaries are only read)."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.model import EventType, JobKind
+from gpuclaim.core.records import UsageSample
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class RankRecord:
         util = {g.uuid: g.utilization_pct for g in inventory.gpus}
         if inventory.error or not all(u in util for u in self.me.gpu_uuids):
             return
-        sample = {
+        sample: UsageSample = {
             "since": self.job.submitted,
             "utils": [util[u] for u in self.me.gpu_uuids],
         }

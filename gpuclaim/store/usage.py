@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Optional, cast
 
+from gpuclaim.core.records import UsageSample, UsageSummary
 from gpuclaim.core.usage import fold_sample
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import _encode, _safe
 
 
 class UsagePart(StoreBase):
-    def record_usage(self, samples: dict[str, dict[str, Any]], threshold_pct: float) -> None:
+    def record_usage(self, samples: dict[str, UsageSample], threshold_pct: float) -> None:
         """Fold one utilisation sample per claim ({claim id: {"since": t, "utils": [..]}}) into
         its rolling summary, timed by the storage clock. Bounded: a few numbers per claim."""
         now = self.now()
@@ -28,8 +29,8 @@ class UsagePart(StoreBase):
                 )
                 self._publish(self._stage(_encode(summary), sync=False), path)
 
-    def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = {}
+    def usage_summaries(self, ids: Optional[list[str]] = None) -> dict[str, UsageSummary]:
+        result: dict[str, UsageSummary] = {}
         directory = self._p("usage")
         try:
             names = [f"{i}.json" for i in ids] if ids is not None else os.listdir(directory)
@@ -41,5 +42,5 @@ class UsagePart(StoreBase):
             except (OSError, ValueError):
                 continue
             if isinstance(data, dict):
-                result[name[: -len(".json")]] = data
+                result[name[: -len(".json")]] = cast(UsageSummary, data)
         return result
