@@ -21,6 +21,7 @@ class FakeSlack:
         self.received: list[dict] = []
         self.mode = "ok"
         self.retry_after = 2
+        self.refused_at = 0.0  # when the last 429 was answered
         self.lock = threading.Lock()
         outer = self
 
@@ -34,6 +35,7 @@ class FakeSlack:
                 if mode == "500":
                     self._answer(500, b"server_error")
                 elif mode == "429":
+                    outer.refused_at = time.monotonic()
                     self.send_response(429)
                     self.send_header("Retry-After", str(outer.retry_after))
                     self.end_headers()
@@ -151,8 +153,12 @@ def test_a_failing_webhook_never_blocks_and_nothing_is_lost(make_cluster, slack,
         return  # nothing to recover to; the next test covers recovery
     slack.mode = "ok"
     if mode == "429":
-        # deliberately let the Retry-After run out: until then nobody posts
-        time.sleep(slack.retry_after + 0.2)
+        # Retry-After is honoured: commands run meanwhile, and none of them posts early
+        until = slack.refused_at + slack.retry_after
+        while time.monotonic() < until - 0.5:
+            c.ok("status")
+            assert slack.texts() == [], "posted before Retry-After ran out"
+        time.sleep(max(0.0, until - time.monotonic()) + 0.2)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(slack.texts()) < 3:
         c.ok("status")
