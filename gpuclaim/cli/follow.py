@@ -6,10 +6,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.cli.common import AppState
 from gpuclaim.core.states import JobState, started
+
+if TYPE_CHECKING:
+    from gpuclaim.core.protocol import ReadLogResponse
 
 FOLLOW_POLL_S = 0.5
 LOOK_EVERY_S = 5.0  # how often a follower checks the job's heartbeat (a node that rebooted)
@@ -23,7 +26,7 @@ class FirstRead:
     def __init__(self, st: AppState) -> None:
         self.st = st
         self._thread: Optional[threading.Thread] = None
-        self._answer: Optional[dict[str, Any]] = None
+        self._answer: Optional[ReadLogResponse] = None
         self._error: Optional[BaseException] = None
         self.for_log = ""
 
@@ -43,7 +46,7 @@ class FirstRead:
         except BaseException as exc:  # handed to the follower, in its own thread
             self._error = exc
 
-    def take(self, log: str, offset: int) -> Optional[dict[str, Any]]:
+    def take(self, log: str, offset: int) -> Optional[ReadLogResponse]:
         """The first read's answer if it was for ``log`` from ``offset`` 0; None if none ran."""
         if self._thread is None or log != self.for_log or offset != 0:
             return None
@@ -85,14 +88,17 @@ def follow_log(
                 # line; the job's state is read between reads, so its end is seen within
                 # FOLLOW_POLL_S, and once it ended the rest is read without waiting
                 wait_s = 0.0 if final else FOLLOW_POLL_S
-                chunk = first.take(r.log or "", offset) if first is not None else None
+                chunk: Optional[ReadLogResponse] = (
+                    first.take(r.log or "", offset) if first is not None else None
+                )
                 first = None
                 if chunk is None:
                     chunk = st.ops.read_log(node, r.log or "", offset=offset, wait_s=wait_s)
             except UnreachableError:
                 if final:
                     break  # the rest of the log is on a node we cannot reach now
-                chunk = {"data": "", "offset": offset}  # it may come back; heartbeats tell
+                # it may come back; heartbeats tell
+                chunk = {"data": "", "offset": offset, "size": offset}
                 time.sleep(FOLLOW_POLL_S)
             write_out(chunk["data"])
             offset = int(chunk["offset"])

@@ -38,6 +38,7 @@ from gpuclaim.core.protocol import (
     PullSourceResponse,
     RankSpec,
     ReadLogRequest,
+    ReadLogResponse,
     Req,
     Resp,
     StopSessionRequest,
@@ -78,12 +79,10 @@ class NodeOps:
 
     def read_log(
         self, node: NodeConfig, path: str, offset: int = 0, tail: int = 0, wait_s: float = 0.0
-    ) -> dict[str, Any]:
-        """``wait_s``: the node waits that long for the log to grow past ``offset``. A
-        ``ReadLogResponse``, as a plain dict while its readers (cli/follow) hold one."""
+    ) -> ReadLogResponse:
+        """``wait_s``: the node waits that long for the log to grow past ``offset``."""
         request = ReadLogRequest(path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
-        answer = self._call(node, READ_LOG, request)
-        return dict(answer)
+        return self._call(node, READ_LOG, request)
 
     def facts(self, node: NodeConfig) -> NodeFactsResponse:
         return self._call(node, NODE_FACTS, NodeFactsRequest())

@@ -23,7 +23,9 @@ from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
+    from gpuclaim.core.config import Config
     from gpuclaim.core.protocol import KeeperSpec
+    from gpuclaim.store import ClaimStore, Store
 
 POLL_S = 2.0  # how often the store is read: the delay after an expiry is at most this much more
 RETRY_S = 60.0  # a dispatch at least this often (GPUs freed outside gpuclaim's view)
@@ -49,7 +51,7 @@ def run_keeper(spec_path: str) -> int:
         return _keep(config, store, node, lock_name)
 
 
-def _keep(config: Any, store: Any, node: str, lock_name: str) -> int:
+def _keep(config: Config, store: ClaimStore, node: str, lock_name: str) -> int:
     from gpuclaim.engine.dispatch import dispatch_queue
     from gpuclaim.node.channel import local_prober
 
@@ -78,7 +80,7 @@ def _keep(config: Any, store: Any, node: str, lock_name: str) -> int:
     return 0
 
 
-def _waiting_for(store: Any, node: str) -> bool:
+def _waiting_for(store: Store, node: str) -> bool:
     """Is any queued job one that this node could start on its own?"""
     for entry in store.queue_entries():
         job = store.load_job(job_id=entry.split("-", 1)[1])
@@ -89,7 +91,7 @@ def _waiting_for(store: Any, node: str) -> bool:
     return False
 
 
-def _what_matters(store: Any, node: str) -> tuple[Any, ...]:
+def _what_matters(store: Store, node: str) -> tuple[Any, ...]:
     """What would change this node's answer to the queue: its claims and how they are judged
     (an expired one turns stale), and the queue itself."""
     snap = store.snapshot()
