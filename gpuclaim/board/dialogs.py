@@ -161,20 +161,11 @@ HELP_KEYS = (
     ("a", "attach to your job's tmux session (Ctrl-b d comes back)"),
     ("f", "filter by user or node;  m: only mine;  Esc: clear"),
     ("v", "compact view: one line per node"),
-    ("Ctrl-r", "refresh now"),
-    ("q", "quit"),
+    ("Ctrl-r", "refresh now;  q: quit"),
 )
 
-# The faces the help screen lists, in its order. Reserved and probing have their meanings
-# (cells.face) but are not listed yet: listing them is a deliberate change of its snapshot.
-HELP_STATES = (
-    FaceState.FREE,
-    FaceState.CLAIMED,
-    FaceState.BUSY_UNCLAIMED,
-    FaceState.STALE,
-    FaceState.DRAINED,
-    FaceState.UNREACHABLE,
-)
+# The faces the help screen lists: every one, so a new face is explained where it appears.
+HELP_STATES = tuple(FaceState)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -196,7 +187,7 @@ class HelpScreen(ModalScreen[None]):
             look = face(state)
             text.append(f" {look.glyph} {state.value:<15}", style=face_style(state))
             text.append(f"{look.meaning}\n")
-        text.append("\nA ⏱ age marks a node whose data is old (its probe is slow).", style="dim")
+        text.append("A ⏱ age marks a node whose data is old (its probe is slow).", style="dim")
         with Vertical(classes="dialog"):
             yield Static(text)
 
