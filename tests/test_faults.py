@@ -217,6 +217,58 @@ def test_node_sshd_killed_mid_run(testbed, make_remote):
     assert all(r["state"] == "free" for r in c.status())
 
 
+def _job_processes(tb, node: str, part: bytes) -> list[int]:
+    found = []
+    for pid in tb.node_processes(node):
+        try:
+            if part in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_launch_whose_answer_was_lost_never_runs_on_gpus_nobody_holds(testbed, make_remote):
+    """sshd dies between the claim and the launch's answer: `run` says the job could not
+    start and gives its claim back, but the node's warm agent carries the launch on, and the
+    wrapper starts late. It must find its end recorded and stop, not run unclaimed."""
+    c = make_remote(testbed, nodes=["node01"], kill_grace="2s", heartbeat="1s")
+    c.ok("status")
+    shim = testbed.dir / "bin" / "tmux"  # the nodes' PATH: a tmux whose new-session is slow
+    shim.write_text(
+        f'#!/bin/sh\ncase "$*" in *new-session*) sleep 3;; esac\nexec {shutil.which("tmux")} "$@"\n'
+    )
+    shim.chmod(0o755)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuclaim", "run", "--name", "cut", "--", "sleep", "47"],
+            env=c.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_for_node_command(testbed, "node01", b"new-session", proc)  # claimed, launching
+        testbed.stop_node("node01")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        shim.unlink()
+    assert proc.returncode == 4 and len(err.splitlines()) == 1, (out, err)
+    testbed.start_node("node01")
+    (job,) = [j for j in c.json("jobs", "--all") if j["name"] == "cut"]
+    assert job["state"] == "failed" and "could not start" in job["reason"], job
+    # the late start (after the shim's delay) comes and goes within a poll and the kill grace
+    came = time.monotonic() + 3 + 5
+    while not _job_processes(testbed, "node01", b"sleep\x0047") and time.monotonic() < came:
+        time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while _job_processes(testbed, "node01", b"sleep\x0047"):
+        assert time.monotonic() < deadline, "the job runs on GPUs nobody holds"
+        time.sleep(0.3)
+    assert all(r["state"] == "free" for r in c.status())
+    (job,) = [j for j in c.json("jobs", "--all") if j["name"] == "cut"]
+    assert job["state"] == "failed", job  # the first end stands
+
+
 def _sshfs(tb, node: str, real: Path, mnt: Path) -> None:
     mnt.mkdir()
     subprocess.run(

@@ -96,9 +96,12 @@ class RankRecord:
                 rank_changes={"state": JobState.RUNNING, "started": iso(started)},
             )
         except IllegalTransition:
-            # Its end was recorded first (killed, or judged lost, while it was starting):
-            # that end stands, and the stop request it came with ends this run.
+            # Its end was recorded first (killed or judged lost while it was starting, or a
+            # launch whose answer was lost recorded as "could not start", its claim given
+            # back): that end stands, so this run stops at once. It must not go on with GPUs
+            # nobody holds for it.
             self._check_stop_request()
+            self.stop_reason = self.stop_reason or JobState.KILLED
             return
         result = self.store.update_job(
             job_id=self.job.id,
