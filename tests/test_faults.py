@@ -176,17 +176,23 @@ def test_full_storage_looking_works_acting_fails_nothing_half_written(small_stor
     c.ok("release", "--all")
 
 
+def _node_processes_with(tb, node: str, part: bytes) -> list[int]:
+    """The processes of ``node`` with ``part`` in their command line."""
+    found = []
+    for pid in tb.node_processes(node):
+        try:
+            if part in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def _wait_for_node_command(tb, node: str, part: bytes, run, timeout: float = 20.0) -> None:
     """Until a process of ``node`` has ``part`` in its command line, while ``run`` (a
     Popen) goes on."""
     deadline = time.monotonic() + timeout
-    while True:
-        for pid in tb.node_processes(node):
-            try:
-                if part in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return
-            except OSError:
-                continue
+    while not _node_processes_with(tb, node, part):
         assert run.poll() is None, f"{run.args} ended before {part!r} ran on {node}"
         assert time.monotonic() < deadline, f"no {part!r} ran on {node} within {timeout}s"
         time.sleep(0.1)
@@ -215,17 +221,6 @@ def test_node_sshd_killed_mid_run(testbed, make_remote):
     jobs = [j for j in c.json("jobs", "--all") if j["name"] == "cut"]
     assert all(j["state"] in ("failed", "killed") for j in jobs), jobs
     assert all(r["state"] == "free" for r in c.status())
-
-
-def _job_processes(tb, node: str, part: bytes) -> list[int]:
-    found = []
-    for pid in tb.node_processes(node):
-        try:
-            if part in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
 
 
 def test_a_launch_whose_answer_was_lost_never_runs_on_gpus_nobody_holds(testbed, make_remote):
@@ -258,10 +253,10 @@ def test_a_launch_whose_answer_was_lost_never_runs_on_gpus_nobody_holds(testbed,
     assert job["state"] == "failed" and "could not start" in job["reason"], job
     # the late start (after the shim's delay) comes and goes within a poll and the kill grace
     came = time.monotonic() + 3 + 5
-    while not _job_processes(testbed, "node01", b"sleep\x0047") and time.monotonic() < came:
+    while not _node_processes_with(testbed, "node01", b"sleep\x0047") and time.monotonic() < came:
         time.sleep(0.1)
     deadline = time.monotonic() + 10
-    while _job_processes(testbed, "node01", b"sleep\x0047"):
+    while _node_processes_with(testbed, "node01", b"sleep\x0047"):
         assert time.monotonic() < deadline, "the job runs on GPUs nobody holds"
         time.sleep(0.3)
     assert all(r["state"] == "free" for r in c.status())
