@@ -164,4 +164,10 @@ def _array_row(tasks: list[dict[str, Any]], compact: Any) -> dict[str, Any]:
         "started": min(started) if started else None,
         "ends": None,
         "queue_position": None,
+        # why the first of its queued tasks waits (the others wait behind it)
+        "reason": min(
+            (t for t in tasks if t["state"] == JobState.QUEUED),
+            key=lambda t: t.get("queue_position") or 0,
+            default={"reason": ""},
+        )["reason"],
     }

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
 
     from gpuclaim.core.config import Config
     from gpuclaim.engine.cluster import NodeProber
+    from gpuclaim.engine.dispatch import QueueReport
     from gpuclaim.engine.launch import NodeOps
     from gpuclaim.store import Store
 
@@ -83,23 +84,25 @@ class AppState:
 
         return NodeOps(self.config, self.prober)
 
-    def dispatch_quietly(self) -> None:
-        """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon."""
+    def dispatch_quietly(self, every: bool = False) -> Optional[QueueReport]:
+        """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon.
+        With ``every``, each queued job is judged (why it waits), for a listing."""
         from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
-        from gpuclaim.engine.dispatch import dispatch_queue
+        from gpuclaim.engine.dispatch import judge_queue
 
         try:
             entries = self.store.queue_entries()
         except GpuclaimError:
-            return  # the command itself reports a broken config or storage
+            return None  # the command itself reports a broken config or storage
         if not entries:
-            return
+            return None
         try:
-            dispatch_queue(self.config, self.store, self.prober, self.ops)
+            return judge_queue(self.config, self.store, self.prober, self.ops, every=every)
         except StorageRefusesWrites as exc:
             self.refused(exc)
         except GpuclaimError as exc:
             err().print(f"warning: could not start queued jobs: {exc}")
+        return None
 
     def refused(self, exc: object) -> None:
         """Say once per command that the storage refuses writes, and what that means here."""

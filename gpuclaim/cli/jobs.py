@@ -44,6 +44,8 @@ def run(
     after: flags.After = None,
     after_any: flags.AfterAny = None,
     reservation: flags.Reservation = None,
+    nice: flags.Nice = 0,
+    begin: flags.Begin = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:
@@ -171,8 +173,8 @@ def _log_tail(st: AppState, rank: Any, lines: int) -> list[str]:
 
 
 def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
-    from gpuclaim.engine.dispatch import dispatch_queue
-    from gpuclaim.engine.job_records import find_job, queue_positions
+    from gpuclaim.engine.dispatch import judge_queue
+    from gpuclaim.engine.job_records import find_job
 
     console = err()
     live = console.is_terminal and not quiet
@@ -182,13 +184,16 @@ def _wait_until_started(st: AppState, job: Any, quiet: bool = False) -> Any:
         if status_ctx is not None:
             status_ctx.__enter__()
         while True:
-            dispatch_queue(st.config, st.store, st.prober, st.ops)
+            report = judge_queue(st.config, st.store, st.prober, st.ops, every=True)
             job = find_job(st.store, job.user, job.id, active_only=False)
             if job.state != JobState.QUEUED:
                 return job
-            position = queue_positions(st.store).get(job.id)
-            if position != last_position:
-                text = f"{job.name}: waiting in the queue, position {position}"
+            verdict = report.verdicts.get(job.id)
+            position = (verdict.position, verdict.reason) if verdict else None
+            if position != last_position and verdict is not None:
+                text = f"{job.name}: waiting in the queue, position {verdict.position}"
+                if verdict.reason is not None:
+                    text += f" ({verdict.reason.line})"
                 if status_ctx is not None:
                     status_ctx.update(text)
                 elif not quiet:
@@ -209,6 +214,12 @@ def _print_job_started(job: Any, hints: bool = True) -> None:
     if job.state == JobState.QUEUED and job.after:
         names = ", ".join(d.name for d in job.after)
         console.print(f"Queued {job.name}: it starts after {names} (gpuclaim jobs).")
+        return
+    if job.state == JobState.QUEUED and job.begin and job.begin > time.time():
+        from gpuclaim.core.when import format_when
+
+        when = format_when(job.begin, time.time())
+        console.print(f"Queued {job.name}: it starts {when} or later, when GPUs are free.")
         return
     if job.state == JobState.QUEUED:
         console.print(f"Queued {job.name}: it starts when its GPUs are free (gpuclaim jobs).")
@@ -240,17 +251,30 @@ def jobs(
     show_all: bool = typer.Option(False, "--all", help="Include ended jobs of everyone."),
     tasks: bool = typer.Option(False, "--tasks", help="Every task of an array, one per line."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every task of an array)."),
+    explain: Optional[str] = typer.Option(
+        None,
+        "--explain",
+        metavar="NAME",
+        help="Why queued job NAME waits: its priority, reason and expected start.",
+        autocompletion=completion.complete_jobs,
+    ),
 ) -> None:
-    """List jobs: running and queued ones of everyone, and your recent ones."""
+    """List jobs: running and queued ones of everyone (queued ones in the order they will
+    start, with why they wait), and your recent ones."""
     from gpuclaim.cli.render import jobs_table
     from gpuclaim.core.states import ACTIVE_JOB_STATES
-    from gpuclaim.engine.job_records import load_jobs, observed_state, queue_positions
+    from gpuclaim.engine.job_records import load_jobs, observed_state
 
     st = state(ctx, looking=True)
-    st.dispatch_quietly()
+    if explain is not None:
+        from gpuclaim.cli.explain import explain_job
+
+        explain_job(st, explain, as_json)
+        return
+    report = st.dispatch_quietly(every=True)
+    verdicts = report.verdicts if report is not None else {}
     store = st.store
     snap = store.snapshot()
-    positions = queue_positions(store)
     day_ago = snap.now - 86400
     rows = []
     for job in load_jobs(store, archived=show_all):
@@ -263,8 +287,14 @@ def jobs(
             continue
         d = job.to_dict()
         d["state"] = observed_state(job, snap.claims)
-        d["queue_position"] = positions.get(job.id)
+        verdict = verdicts.get(job.id) if job.state == JobState.QUEUED else None
+        d["queue_position"] = verdict.position if verdict else None
+        d["priority"] = round(verdict.priority.value, 1) if verdict else None
+        if verdict is not None:
+            d["reason"] = verdict.reason.line if verdict.reason else ""
         rows.append(d)
+    # the queued ones last, in the order they will start
+    rows.sort(key=lambda d: (d["queue_position"] is not None, d["queue_position"] or 0))
     completion.remember(
         st.config.path,
         # the running and queued ones, and the newest others: enough to complete a name

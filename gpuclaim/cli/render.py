@@ -196,8 +196,12 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     from gpuclaim.core.model import parse_iso
 
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT", "COMMAND"):
-        table.add_column(col, no_wrap=col != "COMMAND", overflow="fold")
+    # squeue's REASON: why each queued job waits, when any does
+    waiting = any(d["state"] == JobState.QUEUED and d.get("reason") for d in rows)
+    columns = ["NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT"]
+    columns += ["REASON"] if waiting else []
+    for col in (*columns, "COMMAND"):
+        table.add_column(col, no_wrap=col not in ("COMMAND", "REASON"), overflow="fold")
     for d in rows:
         state = d.get("state_text") or d["state"]
         if state == JobState.QUEUED and d.get("queue_position"):
@@ -207,7 +211,7 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
         left = format_duration(ends - now) if ends and d["state"] == JobState.RUNNING else ""
         nodes = ",".join(d.get("nodes") or []) or (d.get("pinned_node") or "")
         gpus = ",".join(map(str, d.get("gpus") or [])) or str(d.get("gpus_per_node", ""))
-        table.add_row(
+        cells: list[Any] = [
             d["name"],
             d["user"],
             nodes,
@@ -216,8 +220,11 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
             "" if d.get("exit_code") is None else str(d["exit_code"]),
             _clock(started) if started else "",
             left,
-            Text(" ".join(d.get("argv") or [])[:80]),
-        )
+        ]
+        if waiting:
+            queued = d["state"] == JobState.QUEUED
+            cells.append(Text(str(d.get("reason") or "") if queued else ""))
+        table.add_row(*cells, Text(" ".join(d.get("argv") or [])[:80]))
     return table
 
 

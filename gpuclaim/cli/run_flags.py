@@ -123,6 +123,23 @@ Reservation = Annotated[
         autocompletion=completion.complete_reservations,
     ),
 ]
+Nice = Annotated[
+    int,
+    typer.Option(
+        "--nice",
+        min=0,
+        metavar="N",
+        help="Let others' queued jobs go first: N points off its priority (see 'jobs --explain').",
+    ),
+]
+Begin = Annotated[
+    Optional[str],
+    typer.Option(
+        "--begin",
+        metavar="WHEN",
+        help="Queue it until then: 22:00, tomorrow 09:00, Thu 18:00, +2h, 2026-12-24T08:00.",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -153,6 +170,8 @@ class RunFlags:
     after: Optional[list[str]] = None
     after_any: Optional[list[str]] = None
     reservation: Optional[str] = None
+    nice: int = 0
+    begin: Optional[str] = None
     as_json: bool = False
     quiet: bool = False
 
@@ -203,7 +222,20 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         after=tuple(flags.after or ()),
         after_any=tuple(flags.after_any or ()),
         reservation=flags.reservation,
+        nice=flags.nice,
+        begin=begin_time(flags.begin),
     )
+
+
+def begin_time(text: Optional[str]) -> Optional[float]:
+    """``--begin WHEN`` in the forms ``reserve --start`` reads."""
+    if text is None:
+        return None
+    import time
+
+    from gpuclaim.core.when import parse_when
+
+    return parse_when(text, time.time())
 
 
 def non_empty(value: Optional[str], flag: str) -> Optional[str]:

@@ -15,6 +15,7 @@ from gpuclaim.core import paths
 from gpuclaim.core.durations import parse_bytes, parse_duration
 from gpuclaim.core.errors import ConfigError, GpuclaimError
 from gpuclaim.core.identity import validate_name
+from gpuclaim.core.typos import closest
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 # How a node is reached: "local" runs on this machine in-process, "ssh" through the agent.
@@ -43,6 +44,7 @@ _TOP_KEYS = {
     "slack",
     "idle",
     "run",
+    "queue",
 }
 _DEFAULT_KEYS = {
     "time",
@@ -62,11 +64,13 @@ _DEFAULT_KEYS = {
     "reserve_ahead",
     "max_reserved_gpu_hours",
     "keep_reservations",
+    "max_queued_per_user",
 }
 _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
 DEFAULT_KEEP_COPIES_S = 7 * 86400.0
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env", *_WORKENV_KEYS}
 _IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
+_QUEUE_KEYS = {"half_life", "max_age", "fairshare_weight", "age_weight"}
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
 
 
@@ -123,6 +127,7 @@ class Limits:
     reserve_ahead_s: float = 90 * 86400  # how far ahead a booking may start
     max_reserved_gpu_hours: float = 0.0  # per user, booked and not yet over; 0 = no limit
     keep_reservations_s: float = 90 * 86400  # gc drops an ended booking this long after its end
+    max_queued_per_user: int = 0  # queued jobs (an array's tasks each) a user may have; 0 = any
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,17 @@ class IdlePolicy:
     warn: bool = True  # tell the holder (Slack mention), once per idle spell
     release_after_s: Optional[float] = None  # None: never release; else after window + this
     release_jobs: bool = False  # also a running job's claim (stopping the job)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """[queue]: which queued job goes next (the README's formula): recent use, decayed with
+    ``half_life``, lowers a user's jobs; waiting raises them, fully after ``max_age``."""
+
+    half_life_s: float = 7 * 86400
+    max_age_s: float = 86400
+    fairshare_weight: float = 1000.0
+    age_weight: float = 1000.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+    queue: QueuePolicy = field(default_factory=QueuePolicy)
     run: WorkEnv = field(default_factory=WorkEnv)  # [run]: every job's defaults
     keep_copies_s: float = 7 * 86400  # [run] keep_copies: a --sync copy after its job ended
     sync_max_bytes: int = 1 << 30  # [run] sync_max: a bigger --sync is refused
@@ -253,6 +270,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
     limits = _limits(_table(raw, "defaults"))
     slack = _slack(_table(raw, "slack"))
     idle = _idle(_table(raw, "idle"))
+    queue = _queue(_table(raw, "queue"))
     _no_unknown(_table(raw, "run"), {*_WORKENV_KEYS, "keep_copies", "sync_max"}, "run")
     run = _workenv(_table(raw, "run"), "run")
     keep_copies = _duration(_table(raw, "run"), "keep_copies", DEFAULT_KEEP_COPIES_S, "run")
@@ -277,6 +295,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         limits=limits,
         slack=slack,
         idle=idle,
+        queue=queue,
         run=run,
         keep_copies_s=keep_copies,
         sync_max_bytes=sync_max,
@@ -395,7 +414,25 @@ def _limits(table: dict[str, Any]) -> Limits:
         reserve_ahead_s=_duration(table, "reserve_ahead", base.reserve_ahead_s),
         max_reserved_gpu_hours=_number(table, "max_reserved_gpu_hours"),
         keep_reservations_s=_duration(table, "keep_reservations", base.keep_reservations_s),
+        max_queued_per_user=_int(table, "max_queued_per_user", base.max_queued_per_user),
     )
+
+
+def _queue(table: dict[str, Any]) -> QueuePolicy:
+    _no_unknown(table, _QUEUE_KEYS, "queue")
+    base = QueuePolicy()
+    half_life = _duration(table, "half_life", base.half_life_s, "queue")
+    max_age = _duration(table, "max_age", base.max_age_s, "queue")
+    for key, value in (("half_life", half_life), ("max_age", max_age)):
+        if value <= 0:
+            raise ConfigError(f"'queue.{key}' must be a duration longer than 0, e.g. \"7d\"")
+    weights = {}
+    for key in ("fairshare_weight", "age_weight"):
+        value = table.get(key, getattr(base, key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"'queue.{key}' must be a number >= 0, not {value!r}")
+        weights[key] = float(value)
+    return QueuePolicy(half_life_s=half_life, max_age_s=max_age, **weights)
 
 
 def _number(table: dict[str, Any], key: str) -> float:
@@ -478,36 +515,12 @@ def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
     for key in table:
         if key not in known:
             place = f"[{where}]" if where else "the top level"
-            close = _closest(str(key), known)
+            close = closest(str(key), known)
             if close:
                 raise ConfigError(f"unknown key {key!r} in {place}: did you mean {close!r}?")
             raise ConfigError(
                 f"unknown key {key!r} in {place}", hint=f"known keys: {', '.join(sorted(known))}"
             )
-
-
-def _closest(word: str, known: set[str]) -> Optional[str]:
-    """The known key a typo most likely meant: fewest edits (a swap of two neighbours is one),
-    then the closest length ('nodse' is 'nodes', not 'node'); at most 2 edits."""
-    ranked = sorted(
-        (_edits(word.lower(), candidate), abs(len(candidate) - len(word)), candidate)
-        for candidate in known
-    )
-    if ranked and ranked[0][0] <= min(2, len(ranked[0][2]) // 2):
-        return ranked[0][2]
-    return None
-
-
-def _edits(a: str, b: str) -> int:
-    """Damerau-Levenshtein distance (optimal string alignment)."""
-    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            cost = a[i - 1] != b[j - 1]
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
-    return d[len(a)][len(b)]
 
 
 def _str(table: dict[str, Any], key: str, default: str, prefix: str = "") -> str:

@@ -388,6 +388,8 @@ class Job:
     array: Optional[ArrayRef] = None  # a task of an array
     after: tuple[Dependency, ...] = ()  # it starts only once these ended (succeeded)
     reservation: Optional[str] = None  # run --reservation: only on that booking's GPUs
+    nice: int = 0  # run --nice: points off its priority in the queue
+    begin: Optional[float] = None  # run --begin: it stays queued until then
 
     @property
     def session(self) -> str:
@@ -446,6 +448,8 @@ class Job:
             "array": self.array.to_dict() if self.array else None,
             "after": [d.to_dict() for d in self.after],
             "reservation": self.reservation,
+            "nice": self.nice,
+            "begin": iso(self.begin),
         }
 
     @classmethod
@@ -486,6 +490,8 @@ class Job:
             array=ArrayRef.from_dict(d["array"]) if isinstance(d.get("array"), dict) else None,
             after=tuple(Dependency.from_dict(x) for x in d.get("after") or ()),
             reservation=d.get("reservation"),
+            nice=int(d.get("nice") or 0),
+            begin=parse_iso(d.get("begin")),
         )
 
 

@@ -55,6 +55,23 @@ class FaceState(str, Enum):
         return self.value
 
 
+class ReasonCode(str, Enum):
+    """Why a queued job has not started (the first word of its reason, as ``squeue`` says)."""
+
+    RESOURCES = "Resources"  # not enough GPUs free where it may run
+    PRIORITY = "Priority"  # jobs ahead of it wait for the GPUs it would use
+    DEPENDENCY = "Dependency"  # --after: what it waits for has not ended
+    USER_LIMIT = "UserLimit"  # max_gpus_per_user
+    ARRAY_LIMIT = "ArrayLimit"  # --array ...%K
+    RESERVATION = "Reservation"  # the free GPUs are someone else's booking (or its own is shut)
+    DRAINED = "Drained"  # the only nodes it may use take no new work
+    BEGIN_TIME = "BeginTime"  # run --begin
+    UNREACHABLE = "NodeDown"  # the only nodes it may use cannot be reached
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def unhandled(value: NoReturn) -> NoReturn:
     """The end of an exhaustive ``if state is ...`` chain: mypy fails the build when a member
     has no branch (``typing.assert_never``, which Python 3.9 nodes do not have)."""

@@ -25,8 +25,10 @@ from gpuclaim.engine.dispatch import dispatch_queue
 from gpuclaim.engine.jobs import (
     RunRequest,
     check_fits,
+    check_queue_room,
     checked_name,
     checked_time,
+    enqueue,
     job_from_request,
     stop_and_wait,
     take_out_of_queue,
@@ -81,6 +83,7 @@ def submit_array(
     template = job_from_request(req, task_id(array_id, 0), name, time_s, now, array=ref)
     view = build_view(config, store, nodes_for(config, template), prober=prober)
     check_fits(config, view, template)
+    check_queue_room(config, store, req.user, count)
     workdir, copied = req.workdir, None
     if req.sync is not None:  # one copy for the whole array, on every node it may run on
         nodes = [n for n in nodes_for(config, template) if n.name not in view.unreachable]
@@ -120,7 +123,7 @@ def submit_array(
             after=after,
         ).with_(workdir=workdir, synced=copied)
         store.create_job(job=task)
-        store.enqueue(job_id=task.id)
+        enqueue(store, task)
         tasks.append(task)
     store.append_event(
         job_event(EventType.ARRAY_QUEUED, template, now, {"array_id": array_id, "count": count})

@@ -102,7 +102,7 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
             return BROKEN, f"array {dep.name} it waited for is gone"
         result = record.get("result")
         if not isinstance(result, dict):
-            return WAITING, f"waiting for array {dep.name}"
+            return WAITING, f"after array {dep.name} (not ended)"
         if not dep.any and not result.get(ALL_SUCCEEDED):
             return BROKEN, f"array {dep.name} did not succeed ({_worst(result)})"
         return READY, ""
@@ -111,7 +111,7 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
         return BROKEN, f"job {dep.name} it waited for is gone"
     state = found.state
     if not ended(state):
-        return WAITING, f"waiting for {dep.name}"
+        return WAITING, f"after {dep.name} ({state})"
     if not dep.any and ended_badly(state):
         return BROKEN, f"{dep.name} {state}"
     return READY, ""

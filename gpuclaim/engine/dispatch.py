@@ -1,10 +1,16 @@
 """The queue, dispatched without a daemon: whoever runs gpuclaim next (a CLI call, a job's
-wrapper when it ends, a node's queue keeper) starts the queued jobs that now fit.
+wrapper when it ends, a node's queue keeper) starts the queued jobs that now fit, in
+priority order (fair share, waiting time, nice: ``core/priority.py``), and says of every
+other one why it waits (``queue_reasons.py``).
+
+A later job may start before a waiting one only if that does not delay the waiting one's
+expected start (backfill, from the time limits of what holds the GPUs: ``queue_plan.py``).
 
 Standard library only: wrappers and keepers dispatch from the nodes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuclaim.core.config import Config
@@ -17,14 +23,44 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
-from gpuclaim.core.states import JobState
+from gpuclaim.core.priority import Priority, QueueEntry, mean_use, parse_entry, priority
+from gpuclaim.core.states import GpuState, JobState, ReasonCode
+from gpuclaim.engine import queue_reasons as reasons
 from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.bookings import my_open_bookings
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
-from gpuclaim.engine.depends import BROKEN, READY, WAITING, judge
-from gpuclaim.engine.launch import NodeOps, place_and_claim, start_ranks
+from gpuclaim.engine.depends import BROKEN, WAITING, judge
+from gpuclaim.engine.fairshare import use_by_user
+from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, nodes_for, place_and_claim, start_ranks
+from gpuclaim.engine.placement import ClaimRequest, usable_rows
+from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
+from gpuclaim.engine.queue_reasons import Reason
 from gpuclaim.store import Snapshot, Store
+
+MAX_PROMISES = 32  # waiting jobs whose expected start a pass protects (the rest: their turn)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A queued job after a pass: its place in the queue, its priority, why it waits."""
+
+    position: int
+    priority: Priority
+    reason: Optional[Reason]  # None: it was not judged (the pass stopped early)
+
+
+@dataclass
+class QueueReport:
+    started: list[Job] = field(default_factory=list)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # by job id, the queued ones
+    starts: dict[str, float] = field(default_factory=dict)  # job id -> its expected start
+
+    def expected_start(self, job: Job) -> Optional[float]:
+        """When the job is expected to start (from the time limits of what runs and of the
+        jobs ahead of it); None when that cannot be known."""
+        start = self.starts.get(job.id)
+        return None if start is None or start == NEVER else max(start, job.begin or 0.0)
 
 
 def dispatch_queue(
@@ -34,112 +70,215 @@ def dispatch_queue(
     ops: Optional[NodeOps] = None,
     only_node: Optional[str] = None,
 ) -> list[Job]:
-    """Start queued jobs that fit now, first come first served. A later job may start before
-    a waiting one only on nodes where the waiting one can never run, so it never delays it.
-    With ``only_node`` (a job wrapper on that node), only that node is used, locally."""
+    """Start the queued jobs that fit now. With ``only_node`` (a job wrapper or a queue
+    keeper on that node), only that node is used, locally."""
+    return judge_queue(config, store, prober, ops, only_node).started
+
+
+def judge_queue(
+    config: Config,
+    store: Store,
+    prober: NodeProber,
+    ops: Optional[NodeOps] = None,
+    only_node: Optional[str] = None,
+    every: bool = False,
+) -> QueueReport:
+    """One pass over the queue in priority order: what started, and (with ``every``, else as
+    far as the pass needed to look) why each other job waits."""
     if only_node is not None:
         config = config.seen_from(only_node)
-    entries = store.queue_entries()
+    entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]
     if not entries:
-        return []
-    one_pass = _Pass(config, store, prober, ops or NodeOps(config, prober))
-    for entry in entries:
+        return QueueReport()
+    one_pass = _Pass(config, store, prober, ops or NodeOps(config, prober), every)
+    for entry in one_pass.ordered(entries):
         one_pass.consider(entry)
-    return one_pass.started
+    return one_pass.report()
 
 
 class _Pass:
-    """One pass over the queue, in order: what it started, the earlier jobs that could not
-    start (later ones must not delay them), and per array its verdict (its tasks share their
-    dependencies and their %K)."""
+    """One pass: the view it judges by, the waiting jobs whose start it protects, and per
+    array its outcome so far (its tasks share their needs and their limits, in index order,
+    so once one waits the later ones wait for the same reason, without reading them)."""
 
-    def __init__(self, config: Config, store: Store, prober: NodeProber, ops: NodeOps) -> None:
+    def __init__(
+        self, config: Config, store: Store, prober: NodeProber, ops: NodeOps, every: bool
+    ) -> None:
         self.config = config
         self.store = store
         self.prober = prober
         self.ops = ops
+        self.every = every
         self.view = build_view(config, store, prober=prober)
+        self.now = self.view.snapshot.now
         self.started: list[Job] = []
-        self.blocked_heads: list[Job] = []
-        self.blocked = False  # nothing more can start: only cancellations are left to find
-        self.verdicts: dict[str, str] = {}
-        self.reasons: dict[str, str] = {}
+        self.plan = Plan(self.now, slots_of(self.view, [n.name for n in config.nodes]))
+        self.jobs: dict[str, Job] = {}
+        self.order: list[QueueEntry] = []
+        self.priorities: dict[str, Priority] = {}
+        self.reasons: dict[str, Reason] = {}
+        self.group_reason: dict[str, Reason] = {}
 
-    def consider(self, entry: str) -> None:
-        job_id = entry.split("-", 1)[1]
-        group = array_of_task(job_id)
-        verdict = self.verdicts.get(group) if group else None
-        if verdict in (WAITING, THROTTLED) or (self.blocked and verdict == READY):
+    # -- order ---------------------------------------------------------------------------
+
+    def ordered(self, entries: list[QueueEntry]) -> list[QueueEntry]:
+        users = {e.job_id: e.user or self._user_of(e) for e in entries}
+        queuing = {u for u in users.values() if u}
+        use = use_by_user(self.config, self.store, self.view.snapshot) if len(queuing) > 1 else {}
+        mean = mean_use(use, queuing)
+        for e in entries:
+            user = users[e.job_id] or ""
+            waited = self.now - max(e.submitted, e.begin)
+            self.priorities[e.job_id] = priority(
+                self.config.queue, use.get(user, 0.0), mean, waited, e.nice
+            )
+        self.order = sorted(entries, key=lambda e: (-self.priorities[e.job_id].value, e.order))
+        return self.order
+
+    def _user_of(self, entry: QueueEntry) -> str:
+        """An entry from before fair share names no user: its record does."""
+        job = self._job(entry)
+        return job.user if job is not None else ""
+
+    def _job(self, entry: QueueEntry) -> Optional[Job]:
+        if entry.job_id not in self.jobs:
+            job = self.store.load_job(job_id=entry.job_id)
+            if job is None:
+                return None
+            self.jobs[entry.job_id] = job
+        return self.jobs[entry.job_id]
+
+    # -- one entry -------------------------------------------------------------------------
+
+    def consider(self, entry: QueueEntry) -> None:
+        group = array_of_task(entry.job_id)
+        known = self.group_reason.get(group) if group else None
+        if known is not None:
+            self.reasons[entry.job_id] = known
             return  # without reading its record: a pass over 1,000 tasks stays cheap
-        job = self.store.load_job(job_id=job_id)
-        if job is None or job.state != JobState.QUEUED:
-            self.store.finish_queue_entry(name=entry)
-            return
-        if not self._may_run(entry, job, group, verdict) or self.blocked:
-            return
-        allowed = _backfill_nodes(self.config, self.view, self.blocked_heads)
-        if allowed is not None:
-            # Its owner's open booking is theirs alone: using it delays no earlier job.
-            allowed = sorted(set(allowed) | set(_booked_room(self.view, job)))
-        if allowed is not None and not allowed:
-            self.blocked = True
-            return
-        ranks = self._claim(entry, job, group, allowed)
-        if ranks is not None:
-            self._start(entry, job, ranks)
-
-    def _may_run(self, entry: str, job: Job, group: Optional[str], verdict: Optional[str]) -> bool:
-        """Whether its dependencies and booking let it run now; cancels it when they never
-        will."""
-        if verdict is None:
-            verdict, why = judge(self.store, job) if job.after else (READY, "")
+        reason = self._judge(entry)
+        if reason is not None:
+            self.reasons[entry.job_id] = reason
             if group:
-                self.verdicts[group], self.reasons[group] = verdict, why
-        else:
-            why = self.reasons.get(group or "", "")
-        if verdict == WAITING:
-            return False
-        if verdict == BROKEN:
-            cancel_queued(self.store, job, entry, f"never ran: {why}")
-            return False
-        bookings = {b.id for b in self.view.snapshot.bookings}
-        if job.reservation and job.reservation not in bookings:
-            reason = f"never ran: its reservation {job.reservation} ended"
-            cancel_queued(self.store, job, entry, reason)
-            return False
-        return True
+                self.group_reason[group] = reason
 
-    def _claim(
-        self, entry: str, job: Job, group: Optional[str], allowed: Optional[list[str]]
-    ) -> Optional[list[JobRank]]:
-        """Its ranks' claims, taken; None when it cannot start now (its entry back in the
-        queue, or another dispatcher's)."""
-        store = self.store
-        limit = job.array.max_running if job.array else None
-        if group and limit and running_tasks(self.view.snapshot, group) >= limit:
-            self.verdicts[group] = THROTTLED
+    def _judge(self, entry: QueueEntry) -> Optional[Reason]:
+        """Start it, or say why not (None: started, or gone from the queue)."""
+        if entry.begin > self.now:
+            return reasons.begin_time(entry.begin, self.now)
+        limit = self.config.limits.max_gpus_per_user
+        if limit and entry.user and self._held(entry.user) >= limit:
+            return reasons.user_limit(limit, entry.user, self._held(entry.user))
+        if not self.every and self._full():
+            return None  # nothing can start: the rest is not worth reading
+        job = self._job(entry)
+        if job is None or job.state != JobState.QUEUED:
+            self.store.finish_queue_entry(name=entry.name)
             return None
-        if not store.take_queue_entry(name=entry):
+        return self._judge_job(entry, job)
+
+    def _judge_job(self, entry: QueueEntry, job: Job) -> Optional[Reason]:
+        waits = self._may_run(entry, job)
+        if waits is not None:
+            return waits
+        nodes = [n.name for n in nodes_for(self.config, job)]
+        out = reasons.nodes_out(self.view, job, nodes)
+        if out is not None:
+            return out
+        until = self.now + job.time_limit_s + CLAIM_MARGIN_S
+        req = ClaimRequest(user=job.user, count=job.gpus_per_node)
+        fit = [
+            n
+            for n in nodes
+            if n not in self.view.drains
+            and n not in self.view.unreachable
+            and len(usable_rows(self.view, n, req, until)) >= job.gpus_per_node
+        ]
+        if len(fit) < job.nodes_wanted:
+            return self._waits(job, nodes, reasons.resources(self.view, job, nodes, until))
+        own = _booked_room(self.view, job)  # its owner's open booking delays nobody
+        blockers = {n: self.plan.blocker(n, job.gpus_per_node, until) for n in fit}
+        allowed = [n for n in fit if n in own or blockers[n] is None]
+        if len(allowed) < job.nodes_wanted:
+            first = next(b for b in blockers.values() if b is not None)
+            return self._waits(job, nodes, reasons.priority(self._ahead_of(entry), first))
+        failed = self._claim_and_start(entry, job, allowed)
+        if failed is not None:
+            return self._waits(job, nodes, failed)
+        return None
+
+    def _may_run(self, entry: QueueEntry, job: Job) -> Optional[Reason]:
+        """Its dependencies, booking and limits; cancels it when it never can run."""
+        if job.after:
+            verdict, why = judge(self.store, job)
+            if verdict == WAITING:
+                return reasons.dependency(why)
+            if verdict == BROKEN:
+                cancel_queued(self.store, job, entry.name, f"never ran: {why}")
+                return None
+        bookings = self.view.snapshot.bookings
+        if job.reservation and job.reservation not in {b.id for b in bookings}:
+            reason = f"never ran: its reservation {job.reservation} ended"
+            cancel_queued(self.store, job, entry.name, reason)
+            return None
+        if job.reservation:
+            closed = reasons.own_booking_closed(job, bookings, self.now)
+            if closed is not None:
+                return closed
+        group = array_of_task(job.id)
+        cap = job.array.max_running if job.array else None
+        if group and cap and running_tasks(self.view.snapshot, group) >= cap:
+            return reasons.array_limit(cap)
+        limit = self.config.limits.max_gpus_per_user
+        need = job.gpus_per_node * job.nodes_wanted
+        if limit and self._held(job.user) + need > limit:
+            return reasons.user_limit(limit, job.user, self._held(job.user))
+        return None
+
+    def _waits(self, job: Job, nodes: list[str], reason: Reason) -> Reason:
+        """It waits for GPUs: its expected start is kept from later jobs (a promise)."""
+        if len(self.plan.starts) + len(set(self.plan.kept.values())) < MAX_PROMISES:
+            self.plan.promise(job, nodes, CLAIM_MARGIN_S)
+        return reason
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def _claim_and_start(self, entry: QueueEntry, job: Job, allowed: list[str]) -> Optional[Reason]:
+        """Its ranks claimed and started; else why not (its entry back in the queue)."""
+        store = self.store
+        if not store.take_queue_entry(name=entry.name):
             return None  # another dispatcher has it
         try:
             ranks = place_and_claim(self.config, store, job, self.prober, self.view, allowed)
-        except (ConflictError, NeverFitsError, UnreachableError, UsageError):
-            store.return_queue_entry(name=entry)
-            self.blocked_heads.append(job)
-            return None
+        except (ConflictError, NeverFitsError, UnreachableError, UsageError) as exc:
+            store.return_queue_entry(name=entry.name)
+            return reasons.Reason(ReasonCode.RESOURCES, exc.message)
         except GpuclaimError:
-            store.return_queue_entry(name=entry)
+            store.return_queue_entry(name=entry.name)
             raise
-        if group and limit and running_tasks(store.snapshot(), group) > limit:
+        over = self._over_a_limit(job)
+        if over is not None:
             # Another dispatcher started one at the same moment: each claims, then counts,
-            # so the later of two always sees both, and %K is never passed.
+            # so the later of two always sees both, and no limit is passed.
             self._give_back(job, ranks)
-            store.return_queue_entry(name=entry)
-            self.verdicts[group] = THROTTLED
-            return None
-        return ranks
+            store.return_queue_entry(name=entry.name)
+            return over
+        self._start(entry, job, ranks)
+        return None
 
-    def _start(self, entry: str, job: Job, ranks: list[JobRank]) -> None:
+    def _over_a_limit(self, job: Job) -> Optional[Reason]:
+        snap = self.store.snapshot()
+        group = array_of_task(job.id)
+        cap = job.array.max_running if job.array else None
+        if group and cap and running_tasks(snap, group) > cap:
+            return reasons.array_limit(cap)
+        limit = self.config.limits.max_gpus_per_user
+        held = held_gpus(snap, job.user)
+        if limit and held > limit:
+            return reasons.user_limit(limit, job.user, held - job.gpus_per_node * job.nodes_wanted)
+        return None
+
+    def _start(self, entry: QueueEntry, job: Job, ranks: list[JobRank]) -> None:
         moved = self.store.update_job(
             job_id=job.id,
             changes={
@@ -149,7 +288,7 @@ class _Pass:
             },
             only_from=[JobState.QUEUED],
         )
-        self.store.finish_queue_entry(name=entry)
+        self.store.finish_queue_entry(name=entry.name)
         if not moved.applied:  # killed while we placed it
             self._give_back(job, ranks)
             return
@@ -160,27 +299,49 @@ class _Pass:
         self.view = build_view(
             self.config, self.store, prober=self.prober, inventories=self.view.inventories
         )
+        self.plan.slots = slots_of(self.view, [n.name for n in self.config.nodes])
 
     def _give_back(self, job: Job, ranks: list[JobRank]) -> None:
         for r in ranks:
             claim_ids = [r.claim_id or ""]
             release_claims(self.config, self.store, job.user, claim_ids=claim_ids, jobs_too=True)
 
+    # -- what the pass knows ------------------------------------------------------------------
 
-def _backfill_nodes(config: Config, view: ClusterView, heads: list[Job]) -> Optional[list[str]]:
-    """None: anything goes. Else the nodes where no waiting earlier job could ever run."""
-    if not heads:
-        return None
-    allowed = []
-    for n in config.nodes:
-        size = len(view.gpus_of(n.name))
-        usable_by_a_head = any(
-            (h.node is None or h.node == n.name) and size >= h.gpus_per_node for h in heads
+    def _ahead_of(self, entry: QueueEntry) -> int:
+        """Queued jobs before it in priority order (the started ones are not counted)."""
+        started = {j.id for j in self.started}
+        ahead = 0
+        for e in self.order:
+            if e is entry:
+                return max(ahead, 1)
+            ahead += e.job_id not in started
+        return max(ahead, 1)
+
+    def _held(self, user: str) -> int:
+        return held_gpus(self.view.snapshot, user)
+
+    def _full(self) -> bool:
+        """No GPU free on any node this pass may use: nothing more can start."""
+        return not any(
+            r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED)
+            for r in self.view.rows
+            if r.node not in self.view.drains
         )
-        gang_head = any(h.nodes_wanted > 1 for h in heads)
-        if not usable_by_a_head and not gang_head:
-            allowed.append(n.name)
-    return allowed
+
+    def report(self) -> QueueReport:
+        started = {j.id for j in self.started}
+        verdicts: dict[str, Verdict] = {}
+        for e in self.order:
+            if e.job_id in started or e.job_id in verdicts:
+                continue
+            job = self.jobs.get(e.job_id)
+            if job is not None and job.state != JobState.QUEUED:
+                continue
+            verdicts[e.job_id] = Verdict(
+                len(verdicts) + 1, self.priorities[e.job_id], self.reasons.get(e.job_id)
+            )
+        return QueueReport(self.started, verdicts, dict(self.plan.starts))
 
 
 def _booked_room(view: ClusterView, job: Job) -> list[str]:
@@ -195,7 +356,13 @@ def _booked_room(view: ClusterView, job: Job) -> list[str]:
     ]
 
 
-THROTTLED = "throttled"  # an array at its %K
+def held_gpus(snapshot: Snapshot, user: str) -> int:
+    """GPUs ``user`` holds now (claims and jobs)."""
+    return sum(
+        len(s.claim.gpus)
+        for s in snapshot.claims.values()
+        if s.claim.user == user and s.state == GpuState.CLAIMED
+    )
 
 
 def running_tasks(snapshot: Snapshot, array_id: str) -> int:

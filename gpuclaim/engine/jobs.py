@@ -26,6 +26,7 @@ from gpuclaim.core.errors import (
 from gpuclaim.core.events import job_event
 from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import EventType, Job, JobKind, iso
+from gpuclaim.core.priority import MAX_NICE, parse_entry
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.engine.bookings import booking_for, settle_bookings
@@ -67,6 +68,8 @@ class RunRequest:
     after: tuple[str, ...] = ()  # --after NAME: start once these succeeded
     after_any: tuple[str, ...] = ()  # --after-any NAME: once these ended, however
     reservation: Optional[str] = None  # --reservation ID: on that booking's GPUs (count 0: all)
+    nice: int = 0  # --nice N: N points off its priority in the queue
+    begin: Optional[float] = None  # --begin WHEN: queued until then
 
 
 def new_job_id() -> str:
@@ -112,6 +115,14 @@ def checked_time(config: Config, req: RunRequest) -> float:
         raise UsageError("--venv and --conda: a job runs in one of them")
     if req.sync and req.workdir:
         raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+    if not 0 <= req.nice <= MAX_NICE:
+        raise UsageError(f"--nice must be from 0 to {MAX_NICE}, not {req.nice}")
+    limit = config.limits.max_gpus_per_user
+    if limit and req.count * req.nodes > limit:
+        raise UsageError(
+            f"{req.count * req.nodes} GPUs can never start: this cluster's limit is "
+            f"{limit} GPUs per user (max_gpus_per_user)"
+        )
     time_s = req.time_s if req.time_s is not None else config.limits.default_time_s
     if time_s > config.limits.max_time_s:
         raise UsageError(
@@ -145,6 +156,8 @@ def job_from_request(
         conda=req.conda,
         synced_from=req.sync.root if req.sync else None,
         reservation=req.reservation,
+        nice=req.nice,
+        begin=req.begin,
         **more,
     )
 
@@ -166,8 +179,8 @@ def submit_job(
     name = checked_name(store, req)
     after = resolve_after(store, req.user, req.after, req.after_any, name)
     job = job_from_request(req, new_job_id(), name, time_s, store.now(), after=after)
-    if after:
-        req = replace(req, queue=True)  # it starts when they end: from the queue
+    if after or req.begin is not None:
+        req = replace(req, queue=True)  # it starts when they end, or then: from the queue
     ops = ops or NodeOps(config, prober)
     view = build_view(config, store, nodes_for(config, job), prober=prober)
     check_fits(config, view, job)
@@ -176,8 +189,9 @@ def submit_job(
         nodes = [n for n in nodes_for(config, job) if n.name not in view.unreachable]
         job = _with_copies(config, ops, job, req, nodes)
     if req.queue:
+        check_queue_room(config, store, req.user, 1)
         store.create_job(job=job)
-        store.enqueue(job_id=job.id)
+        enqueue(store, job)
         store.append_event(job_event(EventType.JOB_QUEUED, job, job.submitted))
         dispatch_queue(config, store, prober=prober, ops=ops)
         job = reload_job(store, job)
@@ -195,6 +209,31 @@ def submit_job(
     job = job.with_(state=JobState.STARTING, ranks=tuple(ranks))
     store.create_job(job=job)
     return start_ranks(config, store, job, ops)
+
+
+def enqueue(store: Store, job: Job) -> str:
+    """Into the queue, with what orders it there (its user, nice and begin)."""
+    return store.enqueue(job_id=job.id, user=job.user, nice=job.nice, begin=job.begin or 0.0)
+
+
+def check_queue_room(config: Config, store: Store, user: str, adding: int) -> None:
+    """``max_queued_per_user``: refused in one line, nothing queued (exit 3)."""
+    limit = config.limits.max_queued_per_user
+    if not limit:
+        return
+    entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]
+    mine = sum(1 for e in entries if (e.user or _owner(store, e.job_id)) == user)
+    if mine + adding > limit:
+        raise ConflictError(
+            f"{user} has {mine} queued job{'s' if mine != 1 else ''}; {adding} more would "
+            f"pass this cluster's limit of {limit} (max_queued_per_user)",
+            hint="wait for some to start, or kill queued ones (gpuclaim jobs)",
+        )
+
+
+def _owner(store: Store, job_id: str) -> str:
+    job = store.load_job(job_id=job_id)
+    return job.user if job is not None else ""
 
 
 def in_booking(config: Config, store: Store, req: RunRequest) -> RunRequest:
@@ -274,7 +313,8 @@ def take_out_of_queue(
 ) -> Optional[Job]:
     """A queued job killed before it started (None: it started meanwhile)."""
     for entry in entries if entries is not None else store.queue_entries():
-        if entry.endswith(f"-{job.id}") and store.take_queue_entry(name=entry):
+        parsed = parse_entry(entry)
+        if parsed and parsed.job_id == job.id and store.take_queue_entry(name=entry):
             store.finish_queue_entry(name=entry)
     result = store.update_job(
         job_id=job.id,

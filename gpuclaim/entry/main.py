@@ -52,6 +52,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "jobs",
         {"short_help": "Running and queued jobs of everyone, and your recent ones."},
     ),
+    "why": (
+        "gpuclaim.cli.explain",
+        "why",
+        {"short_help": "Why a queued job waits: priority, reason, expected start."},
+    ),
     "logs": ("gpuclaim.cli.jobs", "logs", {}),
     "pull": (
         "gpuclaim.cli.files",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.priority import parse_entry
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
@@ -82,8 +83,9 @@ def _keep(config: Config, store: ClaimStore, node: str, lock_name: str) -> int:
 
 def _waiting_for(store: Store, node: str) -> bool:
     """Is any queued job one that this node could start on its own?"""
-    for entry in store.queue_entries():
-        job = store.load_job(job_id=entry.split("-", 1)[1])
+    for name in store.queue_entries():
+        entry = parse_entry(name)
+        job = store.load_job(job_id=entry.job_id) if entry is not None else None
         if job is None or job.state != JobState.QUEUED:
             continue
         if job.node in (None, node) and job.nodes_wanted == 1:
@@ -101,4 +103,8 @@ def _what_matters(store: Store, node: str) -> tuple[Any, ...]:
     windows = sorted(
         (b.id, b.is_open(snap.now)) for b in getattr(snap, "bookings", ()) if b.node == node
     )
-    return (tuple(claims), tuple(damaged), tuple(store.queue_entries()), tuple(windows))
+    # a job's --begin passing makes it one that may start now
+    entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]
+    begun = sorted(e.name for e in entries if e.begin and e.begin <= snap.now)
+    queue = tuple(e.name for e in entries)
+    return (tuple(claims), tuple(damaged), queue, tuple(windows), tuple(begun))

@@ -111,7 +111,10 @@ def test_an_archived_job_is_still_found(c):
 
 def test_a_running_dependency_keeps_it_waiting(c):
     prep = c.record("alice", "prep", "running")
-    assert judge(c.store, waiter(c, Dependency(prep.id, "prep"))) == (WAITING, "waiting for prep")
+    assert judge(c.store, waiter(c, Dependency(prep.id, "prep"))) == (
+        WAITING,
+        "after prep (running)",
+    )
 
 
 def test_a_queued_dependency_keeps_it_waiting(c):
@@ -164,7 +167,7 @@ def test_it_is_ready_only_once_every_dependency_succeeded(c):
 def test_an_array_still_running_keeps_it_waiting(c):
     array_id = c.array("alice", "pre", 3)
     job = waiter(c, Dependency(array_id, "pre", array=True))
-    assert judge(c.store, job) == (WAITING, "waiting for array pre")
+    assert judge(c.store, job) == (WAITING, "after array pre (not ended)")
 
 
 def test_an_array_that_succeeded_makes_it_ready(c):

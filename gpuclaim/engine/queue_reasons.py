@@ -1,0 +1,122 @@
+"""Why a queued job has not started: one line that starts with a code (``squeue``'s
+REASON), e.g. ``Resources: needs 2 GPUs on one node; node01 has 1 free, node02 0``.
+
+Standard library only: wrappers dispatch from the nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpuclaim.core.booking import Booking
+from gpuclaim.core.model import Job
+from gpuclaim.core.states import GpuState, ReasonCode
+from gpuclaim.core.when import format_when
+from gpuclaim.engine.bookings import blocking
+from gpuclaim.engine.cluster import ClusterView
+from gpuclaim.engine.placement import ClaimRequest, usable_rows
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: ReasonCode
+    text: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.code}: {self.text}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": str(self.code), "text": self.text}
+
+
+def begin_time(begin: float, now: float) -> Reason:
+    return Reason(ReasonCode.BEGIN_TIME, format_when(begin, now))
+
+
+def user_limit(limit: int, user: str, held: int) -> Reason:
+    return Reason(ReasonCode.USER_LIMIT, f"max_gpus_per_user = {limit}, {user} holds {held}")
+
+
+def array_limit(limit: int) -> Reason:
+    return Reason(ReasonCode.ARRAY_LIMIT, f"%{limit} running")
+
+
+def dependency(why: str) -> Reason:
+    return Reason(ReasonCode.DEPENDENCY, why)
+
+
+def nodes_out(view: ClusterView, job: Job, nodes: Sequence[str]) -> Optional[Reason]:
+    """When every node it may use is drained or unreachable: which."""
+    usable = [n for n in nodes if n not in view.drains and n not in view.unreachable]
+    if usable:
+        return None
+    drained = [n for n in nodes if n in view.drains]
+    if drained:
+        return Reason(ReasonCode.DRAINED, ", ".join(drained))
+    return Reason(ReasonCode.UNREACHABLE, ", ".join(nodes) + " cannot be reached")
+
+
+def priority(ahead: int, first: Job) -> Reason:
+    jobs = f"{ahead} job{'s' if ahead != 1 else ''} ahead"
+    return Reason(ReasonCode.PRIORITY, f"{jobs} ({first.user}'s {first.name} first)")
+
+
+def own_booking_closed(job: Job, bookings: Sequence[Booking], now: float) -> Optional[Reason]:
+    """A job of ``--reservation ID`` waits for that booking to open."""
+    for b in bookings:
+        if b.id == job.reservation and not b.is_open(now):
+            return Reason(
+                ReasonCode.RESERVATION, f"its booking {b.id} opens {format_when(b.start, now)}"
+            )
+    return None
+
+
+def resources(view: ClusterView, job: Job, nodes: Sequence[str], until: float) -> Reason:
+    """Not enough GPUs where it may run: how many each node has for it, or the booking of
+    someone else that holds the ones that would do."""
+    now = view.snapshot.now
+    req = ClaimRequest(user=job.user, count=job.gpus_per_node)
+    counts: list[str] = []
+    booked: dict[str, tuple[Booking, list[int]]] = {}
+    for node in nodes:
+        if node in view.drains or node in view.unreachable:
+            continue
+        free = len(usable_rows(view, node, req, until))
+        counts.append(f"{node} has {free} free" if not counts else f"{node} {free}")
+        for row in view.gpus_of(node):
+            if row.state not in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED):
+                continue
+            b = blocking(view.snapshot.bookings, row.uuid or "", job.user, now, until)
+            if b is not None:
+                booked.setdefault(b.id, (b, []))[1].append(row.index or 0)
+    if booked and _booking_decides(view, job, nodes, until, booked):
+        b, gpus = min(booked.values(), key=lambda x: x[0].start)
+        return Reason(
+            ReasonCode.RESERVATION,
+            f"{b.node} GPUs {','.join(map(str, sorted(gpus)))} booked by {b.user} "
+            f"until {format_when(b.end, now)}",
+        )
+    want = f"{job.gpus_per_node} GPU{'s' if job.gpus_per_node != 1 else ''}"
+    where = "on one node" if job.nodes_wanted == 1 else f"on each of {job.nodes_wanted} nodes"
+    return Reason(ReasonCode.RESOURCES, f"needs {want} {where}; {', '.join(counts)}")
+
+
+def _booking_decides(
+    view: ClusterView,
+    job: Job,
+    nodes: Sequence[str],
+    until: float,
+    booked: dict[str, tuple[Booking, list[int]]],
+) -> bool:
+    """Would it fit if the bookings in its way were not there?"""
+    req = ClaimRequest(user=job.user, count=job.gpus_per_node)
+    fitting = 0
+    for node in nodes:
+        if node in view.drains or node in view.unreachable:
+            continue
+        free = len(usable_rows(view, node, req, until))
+        extra = sum(len(g) for b, g in booked.values() if b.node == node)
+        fitting += free + extra >= job.gpus_per_node
+    return fitting >= job.nodes_wanted
