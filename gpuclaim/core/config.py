@@ -3,6 +3,7 @@ parsed TOML (reading the file is ``gpuclaim.app.configfile``: nodes get the conf
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -424,12 +425,12 @@ def _queue(table: dict[str, Any]) -> QueuePolicy:
     half_life = _duration(table, "half_life", base.half_life_s, "queue")
     max_age = _duration(table, "max_age", base.max_age_s, "queue")
     for key, value in (("half_life", half_life), ("max_age", max_age)):
-        if value <= 0:
+        if not 0 < value < math.inf:  # nan too: TOML reads it as a float
             raise ConfigError(f"'queue.{key}' must be a duration longer than 0, e.g. \"7d\"")
     weights = {}
     for key in ("fairshare_weight", "age_weight"):
         value = table.get(key, getattr(base, key))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
             raise ConfigError(f"'queue.{key}' must be a number >= 0, not {value!r}")
         weights[key] = float(value)
     return QueuePolicy(half_life_s=half_life, max_age_s=max_age, **weights)

@@ -113,6 +113,7 @@ class _Pass:
         self.now = self.view.snapshot.now
         self.started: list[Job] = []
         self.plan = Plan(self.now, slots_of(self.view, [n.name for n in config.nodes]))
+        self.full = self._nothing_free()
         self.jobs: dict[str, Job] = {}
         self.order: list[QueueEntry] = []
         self.priorities: dict[str, Priority] = {}
@@ -169,7 +170,7 @@ class _Pass:
         limit = self.config.limits.max_gpus_per_user
         if limit and entry.user and self._held(entry.user) >= limit:
             return reasons.user_limit(limit, entry.user, self._held(entry.user))
-        if not self.every and self._full():
+        if not self.every and self.full:
             return None  # nothing can start: the rest is not worth reading
         job = self._job(entry)
         if job is None or job.state != JobState.QUEUED:
@@ -300,6 +301,7 @@ class _Pass:
             self.config, self.store, prober=self.prober, inventories=self.view.inventories
         )
         self.plan.slots = slots_of(self.view, [n.name for n in self.config.nodes])
+        self.full = self._nothing_free()
 
     def _give_back(self, job: Job, ranks: list[JobRank]) -> None:
         for r in ranks:
@@ -321,7 +323,7 @@ class _Pass:
     def _held(self, user: str) -> int:
         return held_gpus(self.view.snapshot, user)
 
-    def _full(self) -> bool:
+    def _nothing_free(self) -> bool:
         """No GPU free on any node this pass may use: nothing more can start."""
         return not any(
             r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED)

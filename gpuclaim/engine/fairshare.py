@@ -46,6 +46,7 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
     users = {str(u): decay(float(v), now - ref, half_life) for u, v in _dict(state, "users")}
     cursors = {str(k): int(v) for k, v in _dict(state, "cursors")}
     seen: list[str] = [str(x) for x in state.get("seen") or []]
+    counted = set(seen)
     moved = False
     for log in store.event_logs():
         offset = cursors.get(log, 0)
@@ -60,8 +61,9 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
             event = _event(line)
             if event is None or event.type not in END_EVENTS or event.since is None:
                 continue
-            if event.claim_id in seen:
+            if event.claim_id in counted:
                 continue
+            counted.add(event.claim_id or "")
             seen.append(event.claim_id or "")
             gpu_s = decayed_gpu_seconds(len(event.gpus), event.since, event.ts, now, half_life)
             users[event.user] = users.get(event.user, 0.0) + gpu_s

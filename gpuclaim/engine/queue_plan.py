@@ -93,26 +93,17 @@ class Plan:
     def soonest(self, job: Job, nodes: Sequence[str]) -> tuple[float, tuple[str, ...]]:
         """When ``job`` could start at the soonest on ``nodes`` (a gang: on the
         ``nodes_wanted`` soonest), and where."""
-        found = []
-        for node in nodes:
-            if node in self.kept or node not in self.slots:
-                continue
-            start = self._soonest_on(node, job.gpus_per_node, job.time_limit_s)
-            if start != NEVER:
-                found.append((start, node))
-        if len(found) < job.nodes_wanted:
-            return NEVER, ()
-        found.sort()
-        chosen = found[: job.nodes_wanted]
-        return chosen[-1][0], tuple(n for _, n in chosen)
-
-    def _soonest_on(self, node: str, count: int, length: float) -> float:
-        moments = {self.now} | {s for s in self.slots[node] if self.now < s < NEVER}
-        moments |= {h.end for h in self.holds if h.node == node and h.end > self.now}
-        for t in sorted(moments):
-            if self.fits(node, count, t, t + length):
-                return t
-        return NEVER
+        usable = [n for n in nodes if n not in self.kept and n in self.slots]
+        moments = {self.now}
+        for node in usable:
+            moments |= {s for s in self.slots[node] if self.now < s < NEVER}
+            moments |= {h.end for h in self.holds if h.node == node and h.end > self.now}
+        for t in sorted(moments):  # the first moment enough nodes have room from, together
+            end = t + job.time_limit_s
+            room = [n for n in usable if self.fits(n, job.gpus_per_node, t, end)]
+            if len(room) >= job.nodes_wanted:
+                return t, tuple(room[: job.nodes_wanted])
+        return NEVER, ()
 
     def promise(self, job: Job, nodes: Sequence[str], end_margin: float) -> float:
         """``job`` waits: hold its GPUs from its soonest start (or keep its nodes whole when
