@@ -32,7 +32,7 @@ from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, WAITING, judge
 from gpuclaim.engine.fairshare import use_by_user
-from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, nodes_for, place_and_claim, start_ranks
+from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, place_and_claim, start_ranks
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
 from gpuclaim.engine.queue_reasons import Reason
@@ -182,7 +182,9 @@ class _Pass:
         waits = self._may_run(entry, job)
         if waits is not None:
             return waits
-        nodes = [n.name for n in nodes_for(self.config, job)]
+        nodes = [n.name for n in self.config.nodes if job.node in (None, n.name)]
+        if not nodes:
+            return None  # pinned to a node this pass does not use (a wrapper's, elsewhere)
         out = reasons.nodes_out(self.view, job, nodes)
         if out is not None:
             return out

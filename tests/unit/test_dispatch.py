@@ -233,3 +233,15 @@ def test_an_array_waiting_on_a_failed_job_is_cancelled_whole_and_summarised(c):
     assert task_states(c, array_id) == ["cancelled"] * 3
     result = c.store.load_array(array_id=array_id)["result"]
     assert result["states"] == {"cancelled": 3} and result["succeeded"] is False
+
+
+def test_a_wrappers_pass_leaves_a_job_pinned_to_another_node_waiting(c):
+    # a wrapper on node01 dispatches node01 alone: a job that may only run on node02 is not
+    # its to judge (it used to ask the config for node02 and fail the whole pass)
+    held = c.claim("carol", 4, node="node02")
+    pinned = c.queue("bob", "pinned", node="node02")
+    other = c.queue("alice", "other")
+    assert c.dispatch(only_node="node01") == ["other"]
+    assert c.job(pinned).state == "queued" and c.job(other).state == "starting"
+    free_up(c, held)
+    assert c.dispatch(only_node="node02") == ["pinned"]
