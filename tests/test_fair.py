@@ -15,7 +15,6 @@ from test_sweeps import TASK, _most_at_once, _records, _stored_jobs, _wait_store
 from gpuclaim.core.model import parse_iso
 from gpuclaim.node.queue_keeper import POLL_S
 
-
 # A plain job: note when it ran and on which GPUs, then work for a while.
 JOB = (
     "import json, os, sys, time; t0 = time.time(); time.sleep(float(sys.argv[2]));"
