@@ -14,6 +14,7 @@ from typing import Optional
 
 from gpuclaim.core.errors import UsageError
 
+ARRAY_ID_PREFIX = "a-"  # array ids: 'a-<hex>'; their tasks: 'a-<hex>-<index>'
 MAX_TASKS = 10_000  # SLURM's default MaxArraySize is 1001; a sweep of 10,000 is still sane
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 _TASK_NAME = re.compile(r"^(.+)\[(\d+)\]$")

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from gpuclaim.core.arrays import ARRAY_ID_PREFIX
 from gpuclaim.core.config import QueuePolicy
 
 MAX_NICE = 100000
@@ -43,7 +44,7 @@ class QueueEntry:
     def order(self) -> tuple[float, str, int]:
         """Submission order; an array's tasks by index (``a-1f2e-10`` after ``a-1f2e-9``)."""
         group, _, index = self.job_id.rpartition("-")
-        if self.job_id.startswith("a-") and index.isdigit():
+        if self.job_id.startswith(ARRAY_ID_PREFIX) and index.isdigit():
             return (self.submitted, group, int(index))
         return (self.submitted, self.job_id, 0)
 

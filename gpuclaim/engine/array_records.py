@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gpuclaim.core.arrays import ARRAY_ID_PREFIX
 from gpuclaim.core.model import Event, EventType, Job, iso
 from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import JobState
 from gpuclaim.store import Store
 
-ARRAY_ID_PREFIX = "a-"  # array ids: 'a-<hex>'; their tasks: 'a-<hex>-<index>'
 # The summary's flag that every task succeeded (what ``--after`` an array waits for).
 ALL_SUCCEEDED = JobState.SUCCEEDED.value
 

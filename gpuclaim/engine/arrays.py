@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from gpuclaim.core.arrays import compact, task_name
+from gpuclaim.core.arrays import ARRAY_ID_PREFIX, compact, task_name
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import ArrayRef, EventType, Job
 from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState, started
-from gpuclaim.engine.array_records import ARRAY_ID_PREFIX, array_tasks, task_id
+from gpuclaim.engine.array_records import array_tasks, task_id
 from gpuclaim.engine.cluster import NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
 from gpuclaim.engine.dispatch import dispatch_queue

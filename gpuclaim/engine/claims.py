@@ -473,17 +473,22 @@ def _check_user_limit(config: Config, view: ClusterView, req: ClaimRequest) -> N
     limit = config.limits.max_gpus_per_user
     if not limit:
         return
-    held = sum(
-        len(s.claim.gpus)
-        for s in view.snapshot.claims.values()
-        if s.claim.user == req.user and s.state == GpuState.CLAIMED
-    )
+    held = held_gpus(view.snapshot).get(req.user, 0)
     wanted = sum(len(i) for _, i in req.exact) if req.exact else req.count
     if held + wanted > limit:
         raise ConflictError(
             f"{req.user} holds {held} GPUs; {wanted} more would pass the limit of {limit} per user",
             hint="release a claim first",
         )
+
+
+def held_gpus(snapshot: Snapshot) -> dict[str, int]:
+    """GPUs each user holds now (claims and jobs'), for max_gpus_per_user."""
+    held: dict[str, int] = {}
+    for s in snapshot.claims.values():
+        if s.state == GpuState.CLAIMED:
+            held[s.claim.user] = held.get(s.claim.user, 0) + len(s.claim.gpus)
+    return held
 
 
 def _checked_duration(config: Config, duration_s: Optional[float]) -> float:

@@ -28,7 +28,7 @@ from gpuclaim.core.states import GpuState, JobState, ReasonCode
 from gpuclaim.engine import queue_reasons as reasons
 from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.bookings import my_open_bookings
-from gpuclaim.engine.claims import release_claims
+from gpuclaim.engine.claims import held_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, WAITING, judge
 from gpuclaim.engine.fairshare import use_by_user
@@ -114,6 +114,7 @@ class _Pass:
         self.started: list[Job] = []
         self.plan = Plan(self.now, slots_of(self.view, [n.name for n in config.nodes]))
         self.full = self._nothing_free()
+        self.held = held_gpus(self.view.snapshot)  # by user, as the view says
         self.jobs: dict[str, Job] = {}
         self.order: list[QueueEntry] = []
         self.priorities: dict[str, Priority] = {}
@@ -168,8 +169,8 @@ class _Pass:
         if entry.begin > self.now:
             return reasons.begin_time(entry.begin, self.now)
         limit = self.config.limits.max_gpus_per_user
-        if limit and entry.user and self._held(entry.user) >= limit:
-            return reasons.user_limit(limit, entry.user, self._held(entry.user))
+        if limit and entry.user and self.held.get(entry.user, 0) >= limit:
+            return reasons.user_limit(limit, entry.user, self.held.get(entry.user, 0))
         if not self.every and self.full:
             return None  # nothing can start: the rest is not worth reading
         job = self._job(entry)
@@ -190,15 +191,14 @@ class _Pass:
             return out
         until = self.now + job.time_limit_s + CLAIM_MARGIN_S
         req = ClaimRequest(user=job.user, count=job.gpus_per_node)
-        fit = [
-            n
+        free = {
+            n: len(usable_rows(self.view, n, req, until))
             for n in nodes
-            if n not in self.view.drains
-            and n not in self.view.unreachable
-            and len(usable_rows(self.view, n, req, until)) >= job.gpus_per_node
-        ]
+            if n not in self.view.drains and n not in self.view.unreachable
+        }
+        fit = [n for n, count in free.items() if count >= job.gpus_per_node]
         if len(fit) < job.nodes_wanted:
-            return self._waits(job, nodes, reasons.resources(self.view, job, nodes, until))
+            return self._waits(job, nodes, reasons.resources(self.view, job, free, until))
         own = _booked_room(self.view, job)  # its owner's open booking delays nobody
         blockers = {n: self.plan.blocker(n, job.gpus_per_node, until) for n in fit}
         allowed = [n for n in fit if n in own or blockers[n] is None]
@@ -234,13 +234,13 @@ class _Pass:
             return reasons.array_limit(cap)
         limit = self.config.limits.max_gpus_per_user
         need = job.gpus_per_node * job.nodes_wanted
-        if limit and self._held(job.user) + need > limit:
-            return reasons.user_limit(limit, job.user, self._held(job.user))
+        if limit and self.held.get(job.user, 0) + need > limit:
+            return reasons.user_limit(limit, job.user, self.held.get(job.user, 0))
         return None
 
     def _waits(self, job: Job, nodes: list[str], reason: Reason) -> Reason:
         """It waits for GPUs: its expected start is kept from later jobs (a promise)."""
-        if len(self.plan.starts) + len(set(self.plan.kept.values())) < MAX_PROMISES:
+        if self.plan.promised < MAX_PROMISES:
             self.plan.promise(job, nodes, CLAIM_MARGIN_S)
         return reason
 
@@ -255,7 +255,7 @@ class _Pass:
             ranks = place_and_claim(self.config, store, job, self.prober, self.view, allowed)
         except (ConflictError, NeverFitsError, UnreachableError, UsageError) as exc:
             store.return_queue_entry(name=entry.name)
-            return reasons.Reason(ReasonCode.RESOURCES, exc.message)
+            return Reason(ReasonCode.RESOURCES, exc.message)
         except GpuclaimError:
             store.return_queue_entry(name=entry.name)
             raise
@@ -276,7 +276,7 @@ class _Pass:
         if group and cap and running_tasks(snap, group) > cap:
             return reasons.array_limit(cap)
         limit = self.config.limits.max_gpus_per_user
-        held = held_gpus(snap, job.user)
+        held = held_gpus(snap).get(job.user, 0)
         if limit and held > limit:
             return reasons.user_limit(limit, job.user, held - job.gpus_per_node * job.nodes_wanted)
         return None
@@ -304,6 +304,7 @@ class _Pass:
         )
         self.plan.slots = slots_of(self.view, [n.name for n in self.config.nodes])
         self.full = self._nothing_free()
+        self.held = held_gpus(self.view.snapshot)
 
     def _give_back(self, job: Job, ranks: list[JobRank]) -> None:
         for r in ranks:
@@ -321,9 +322,6 @@ class _Pass:
                 return max(ahead, 1)
             ahead += e.job_id not in started
         return max(ahead, 1)
-
-    def _held(self, user: str) -> int:
-        return held_gpus(self.view.snapshot, user)
 
     def _nothing_free(self) -> bool:
         """No GPU free on any node this pass may use: nothing more can start."""
@@ -358,15 +356,6 @@ def _booked_room(view: ClusterView, job: Job) -> list[str]:
         for b in my_open_bookings(view.snapshot.bookings, job.user, now)
         if len(b.gpus) >= job.gpus_per_node and job.node in (None, b.node)
     ]
-
-
-def held_gpus(snapshot: Snapshot, user: str) -> int:
-    """GPUs ``user`` holds now (claims and jobs)."""
-    return sum(
-        len(s.claim.gpus)
-        for s in snapshot.claims.values()
-        if s.claim.user == user and s.state == GpuState.CLAIMED
-    )
 
 
 def running_tasks(snapshot: Snapshot, array_id: str) -> int:

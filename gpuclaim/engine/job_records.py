@@ -11,7 +11,6 @@ from typing import Any, Optional
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
-from gpuclaim.core.priority import parse_entry
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState, started
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
@@ -164,16 +163,6 @@ def _release_rank_claim(store: Store, job: Job, rank: JobRank) -> None:
             store.append_event(claim_event(EventType.RELEASE, status.claim, end))
     if rank.claim_id:
         store.drop_beat(claim_id=rank.claim_id)
-
-
-def queue_positions(store: Store) -> dict[str, int]:
-    """{job id: 1-based position} for the jobs waiting in the queue, in submission order
-    (the order a dispatch pass starts them in is ``dispatch.judge_queue``'s)."""
-    entries = sorted(
-        (e for e in map(parse_entry, store.queue_entries()) if e is not None), key=lambda e: e.order
-    )
-    ids = [e.job_id for e in entries]
-    return {job_id: i + 1 for i, job_id in enumerate(ids)}
 
 
 def observed_state(job: Job, claims: dict[str, Any]) -> str:

@@ -67,6 +67,7 @@ class Plan:
     holds: list[Hold] = field(default_factory=list)
     kept: dict[str, Job] = field(default_factory=dict)  # node -> the job it is kept for
     starts: dict[str, float] = field(default_factory=dict)  # job id -> its expected start
+    promised: int = 0  # waiting jobs promised something (a start, or nodes kept)
 
     def free_at(self, node: str, t: float) -> int:
         free = sum(1 for s in self.slots.get(node, ()) if s <= t)
@@ -108,6 +109,7 @@ class Plan:
     def promise(self, job: Job, nodes: Sequence[str], end_margin: float) -> float:
         """``job`` waits: hold its GPUs from its soonest start (or keep its nodes whole when
         that cannot be known). Returns its expected start (NEVER: unknown)."""
+        self.promised += 1
         start, chosen = self.soonest(job, nodes)
         if start == NEVER:
             for node in nodes:

@@ -15,7 +15,6 @@ from gpuclaim.core.states import GpuState, ReasonCode
 from gpuclaim.core.when import format_when
 from gpuclaim.engine.bookings import blocking
 from gpuclaim.engine.cluster import ClusterView
-from gpuclaim.engine.placement import ClaimRequest, usable_rows
 
 
 @dataclass(frozen=True)
@@ -73,25 +72,21 @@ def own_booking_closed(job: Job, bookings: Sequence[Booking], now: float) -> Opt
     return None
 
 
-def resources(view: ClusterView, job: Job, nodes: Sequence[str], until: float) -> Reason:
-    """Not enough GPUs where it may run: how many each node has for it, or the booking of
-    someone else that holds the ones that would do."""
+def resources(view: ClusterView, job: Job, free: dict[str, int], until: float) -> Reason:
+    """Not enough GPUs where it may run (``free``: how many each usable node has for it), or
+    the booking of someone else that holds the ones that would do."""
     now = view.snapshot.now
-    req = ClaimRequest(user=job.user, count=job.gpus_per_node)
     counts: list[str] = []
     booked: dict[str, tuple[Booking, list[int]]] = {}
-    for node in nodes:
-        if node in view.drains or node in view.unreachable:
-            continue
-        free = len(usable_rows(view, node, req, until))
-        counts.append(f"{node} has {free} free" if not counts else f"{node} {free}")
+    for node, count in free.items():
+        counts.append(f"{node} has {count} free" if not counts else f"{node} {count}")
         for row in view.gpus_of(node):
             if row.state not in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED):
                 continue
             b = blocking(view.snapshot.bookings, row.uuid or "", job.user, now, until)
             if b is not None:
                 booked.setdefault(b.id, (b, []))[1].append(row.index or 0)
-    if booked and _booking_decides(view, job, nodes, until, booked):
+    if booked and _booking_decides(job, free, booked):
         b, gpus = min(booked.values(), key=lambda x: x[0].start)
         return Reason(
             ReasonCode.RESERVATION,
@@ -104,19 +99,11 @@ def resources(view: ClusterView, job: Job, nodes: Sequence[str], until: float) -
 
 
 def _booking_decides(
-    view: ClusterView,
-    job: Job,
-    nodes: Sequence[str],
-    until: float,
-    booked: dict[str, tuple[Booking, list[int]]],
+    job: Job, free: dict[str, int], booked: dict[str, tuple[Booking, list[int]]]
 ) -> bool:
     """Would it fit if the bookings in its way were not there?"""
-    req = ClaimRequest(user=job.user, count=job.gpus_per_node)
     fitting = 0
-    for node in nodes:
-        if node in view.drains or node in view.unreachable:
-            continue
-        free = len(usable_rows(view, node, req, until))
+    for node, count in free.items():
         extra = sum(len(g) for b, g in booked.values() if b.node == node)
-        fitting += free + extra >= job.gpus_per_node
+        fitting += count + extra >= job.gpus_per_node
     return fitting >= job.nodes_wanted

@@ -16,7 +16,6 @@ from gpuclaim.engine.job_records import (
     finish_rank,
     load_jobs,
     observed_state,
-    queue_positions,
     reload_job,
 )
 from gpuclaim.store import ClaimStatus, ClaimStore
@@ -157,15 +156,6 @@ def test_observed_state_shows_a_running_job_with_a_lost_claim_as_lost(tmp_path: 
     assert observed_state(job, {status.claim.id: lost}) == "lost"
     assert observed_state(job, {status.claim.id: expired}) == "running"
     assert observed_state(job.with_(state="succeeded"), {status.claim.id: lost}) == "succeeded"
-
-
-def test_queue_positions_follow_the_order_of_enqueueing(tmp_path: Path) -> None:
-    store = new_store(tmp_path)
-    for job_id in ("qa", "qb", "qc"):
-        store.enqueue(job_id=job_id)
-    assert queue_positions(store) == {"qa": 1, "qb": 2, "qc": 3}
-    store.finish_queue_entry(name=store.queue_entries()[0])
-    assert queue_positions(store) == {"qb": 1, "qc": 2}
 
 
 def test_find_job_by_name_prefers_the_active_one_then_the_newest(tmp_path: Path) -> None:
