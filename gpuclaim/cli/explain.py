@@ -123,10 +123,10 @@ def _print(job: Job, verdict: Verdict, facts: dict[str, Any], start: Optional[fl
         ),
         (
             "fair share",
-            f"{job.user} used {p.use_gpu_hours:.2f} GPU-hours lately (half-life "
+            f"{job.user} used {p.use_gpu_hours:.3g} GPU-hours lately (half-life "
             f"{format_duration(parts['half_life_s'])}); the mean is "
-            f"{p.mean_use_gpu_hours:.2f}: {parts['fairshare_weight']:.0f} x "
-            f"2^(-{p.use_gpu_hours:.2f}/{p.mean_use_gpu_hours:.2f})"
+            f"{p.mean_use_gpu_hours:.3g}: {parts['fairshare_weight']:.0f} x "
+            f"2^(-{p.use_gpu_hours:.3g}/{p.mean_use_gpu_hours:.3g})"
             if p.mean_use_gpu_hours >= 0.005
             else f"nobody used GPUs lately: the whole {parts['fairshare_weight']:.0f}",
         ),

@@ -197,7 +197,7 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     # squeue's REASON: why each queued job waits, when any does
-    waiting = any(d["state"] == JobState.QUEUED and d.get("reason") for d in rows)
+    waiting = any(_waits(d) and d.get("reason") for d in rows)
     columns = ["NAME", "USER", "NODE", "GPUS", "STATE", "EXIT", "STARTED", "LEFT"]
     columns += ["REASON"] if waiting else []
     for col in (*columns, "COMMAND"):
@@ -222,10 +222,15 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
             left,
         ]
         if waiting:
-            queued = d["state"] == JobState.QUEUED
-            cells.append(Text(str(d.get("reason") or "") if queued else ""))
+            cells.append(Text(str(d.get("reason") or "") if _waits(d) else ""))
         table.add_row(*cells, Text(" ".join(d.get("argv") or [])[:80]))
     return table
+
+
+def _waits(row: dict[str, Any]) -> bool:
+    """A queued job, or an array's line with queued tasks (its reason is their first's);
+    an ended job's ``reason`` says how it ended, not why it waits."""
+    return row["state"] == JobState.QUEUED or bool(row.get("state_text") and row.get("reason"))
 
 
 def _left(claim: Optional[Claim], now: float) -> str:
