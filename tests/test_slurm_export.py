@@ -329,7 +329,11 @@ def test_slurmdbd_accounting_and_its_slurmdbd_conf_agree():
     assert "AccountingStoragePort" not in conf and "DbdPort" not in dbd  # both 6819
     assert conf["AccountingStorageTRES"].startswith("gres/gpu,gres/gpu:graphics_device,")
     assert conf["PriorityType"] == "priority/multifactor"
-    assert conf["PriorityWeightFairshare"] == "10000"
+    assert conf["PriorityWeightFairshare"] == "1000"  # gpuclaim's [queue] defaults, the same
+    assert conf["PriorityDecayHalfLife"] == "7-00:00:00" and conf["PriorityMaxAge"] == "1-00:00:00"
+    custom = ExportOptions("Lab", accounting="slurmdbd", half_life_s=3 * 86400, age_weight=250)
+    tuned = _settings(render_slurm_conf(golden_inventory(), custom))
+    assert tuned["PriorityDecayHalfLife"] == "3-00:00:00" and tuned["PriorityWeightAge"] == "250"
     assert "JobCompType" not in conf
     text = render_slurm_conf(golden_inventory(), opts)
     assert text.count('TRESBillingWeights="GRES/gpu=1.0"') == 4  # every GPU partition

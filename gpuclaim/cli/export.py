@@ -54,6 +54,10 @@ def slurm(
         max_time_s=st.config.limits.max_time_s,
         skipped=tuple(skipped.items()),
         accounting=accounting.value,
+        half_life_s=st.config.queue.half_life_s,
+        max_age_s=st.config.queue.max_age_s,
+        fairshare_weight=st.config.queue.fairshare_weight,
+        age_weight=st.config.queue.age_weight,
     )
     snap = st.store.snapshot()
     reservations = se.render_reservations(snap.bookings, nodes, snap.now)

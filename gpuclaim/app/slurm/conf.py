@@ -75,7 +75,7 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         "EnforcePartLimits=ALL",
         "",
     ]
-    out += _accounting_lines(nodes, host, addr) if dbd else _jobcomp_lines()
+    out += _accounting_lines(nodes, host, addr, opts) if dbd else _jobcomp_lines()
     out += [
         "",
         "# Nodes, as they reported themselves (`slurmd -C` on a node prints the same; RealMemory",
@@ -119,8 +119,8 @@ def _jobcomp_lines() -> list[str]:
     # are ignored ("can only be used with SlurmDBD"), a gres/gpu TRES is fatal ("slurmdbd is
     # required to run with TRES gres/gpu"), and with it GPU billing weights cannot parse.
     return [
-        "# Priority: first come, first served; backfill starts smaller jobs in the gaps (fair",
-        "# share needs slurmdbd, see below).",
+        "# Priority: first come, first served; backfill starts smaller jobs in the gaps.",
+        "# gpuclaim's fair share ([queue]) needs slurmdbd here, see below.",
         "PriorityType=priority/basic",
         "",
         "# Accounting without a database: each finished job is one line in JobCompLoc, which",
@@ -134,18 +134,20 @@ def _jobcomp_lines() -> list[str]:
     ]
 
 
-def _accounting_lines(nodes: Sequence[NodeSpec], host: str, addr: Optional[str]) -> list[str]:
+def _accounting_lines(
+    nodes: Sequence[NodeSpec], host: str, addr: Optional[str], opts: ExportOptions
+) -> list[str]:
     types = sorted({t for n in nodes for t in n.gpus_by_type() if t})
     tres = ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in types)])
     return [
-        "# Priority: fair share of GPU time, usage forgotten with a half-life of a week,",
-        "# plus a little for time spent waiting.",
+        "# Priority: as gpuclaim's queue ([queue] in its config): fair share of GPU time,",
+        "# use forgotten with the same half-life, plus points for time spent waiting.",
         "PriorityType=priority/multifactor",
-        "PriorityDecayHalfLife=7-0",
+        f"PriorityDecayHalfLife={format_slurm_time(opts.half_life_s)}",
         "PriorityUsageResetPeriod=NONE",
-        "PriorityMaxAge=7-0",
-        "PriorityWeightFairshare=10000",
-        "PriorityWeightAge=1000",
+        f"PriorityMaxAge={format_slurm_time(opts.max_age_s)}",
+        f"PriorityWeightFairshare={round(opts.fairshare_weight)}",
+        f"PriorityWeightAge={round(opts.age_weight)}",
         "",
         f"# Accounting (sacct, sreport, fair share) through slurmdbd on {host} (see",
         "# slurmdbd.conf; slurmctld does not start without it); GPU time per type.",

@@ -169,7 +169,9 @@ def _priority_sentence(accounting: str) -> str:
         return "Who goes first is decided by fair share: whoever used fewer\nGPU-hours lately."
     return (
         "Jobs start in the order they were submitted, and a smaller job\nstarts early where "
-        "it fits in a gap (backfill)."
+        "it fits in a gap (backfill). gpuclaim's order by recent use\n(whoever used fewer "
+        "GPU-hours lately goes first) needs slurmdbd in\nSLURM: export with `--accounting "
+        "slurmdbd` to keep it."
     )
 
 

@@ -124,6 +124,11 @@ class ExportOptions:
     # "file": no database, each finished job a line in a job-completion log (sacct -c);
     # "slurmdbd": full accounting and fair share, with slurmdbd.conf and a MariaDB.
     accounting: str = "file"
+    # gpuclaim's [queue] (fair share): what slurmdbd's priority/multifactor gets
+    half_life_s: float = 7 * 86400
+    max_age_s: float = 86400
+    fairshare_weight: float = 1000.0
+    age_weight: float = 1000.0
 
 
 @dataclass(frozen=True)
