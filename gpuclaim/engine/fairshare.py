@@ -9,6 +9,7 @@ last one, never the whole history. Standard library only: wrappers dispatch from
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuclaim.core.config import Config
@@ -39,13 +40,10 @@ def use_by_user(config: Config, store: Store, snap: Snapshot) -> dict[str, float
 
 
 def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
-    state = store.read_notify(name=STATE_FILE)
-    if state.get("half_life") != half_life:
-        state = {}  # another half-life: counted again from the whole log
-    ref = float(state.get("ref") or now)
-    users = {str(u): decay(float(v), now - ref, half_life) for u, v in _dict(state, "users")}
-    cursors = {str(k): int(v) for k, v in _dict(state, "cursors")}
-    seen: list[str] = [str(x) for x in state.get("seen") or []]
+    kept = _kept(store.read_notify(name=STATE_FILE), half_life, now)
+    users = {u: decay(v, now - kept.ref, half_life) for u, v in kept.users.items()}
+    cursors = kept.cursors
+    seen = kept.seen
     counted = set(seen)
     moved = False
     for log in store.event_logs():
@@ -70,7 +68,7 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
         cursors[log] = offset + complete
         moved = True
     if moved:
-        kept = {
+        record = {
             "half_life": half_life,
             "ref": now,
             "users": {u: v for u, v in users.items() if v >= 1.0},  # under a GPU-second: gone
@@ -78,15 +76,36 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
             "seen": seen[-REMEMBERED_ENDS:],
         }
         try:
-            store.write_notify(name=STATE_FILE, data=kept)
+            store.write_notify(name=STATE_FILE, data=record)
         except GpuclaimError:
             pass  # read-only storage: counted again next time, from the same cursors
     return users
 
 
-def _dict(state: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
-    value = state.get(key)
-    return list(value.items()) if isinstance(value, dict) else []
+@dataclass
+class _Kept:
+    """The sum as last kept: each user's use as of ``ref``, how far each log was read."""
+
+    ref: float
+    users: dict[str, float] = field(default_factory=dict)
+    cursors: dict[str, int] = field(default_factory=dict)
+    seen: list[str] = field(default_factory=list)
+
+
+def _kept(state: dict[str, Any], half_life: float, now: float) -> _Kept:
+    """The kept sum; none (counted again from the whole log) for another half-life or a file
+    that is not what this writes (damaged, or edited by hand): never an error."""
+    if state.get("half_life") != half_life:
+        return _Kept(now)
+    try:
+        return _Kept(
+            ref=float(state["ref"]),
+            users={str(u): float(v) for u, v in dict(state["users"]).items()},
+            cursors={str(k): int(v) for k, v in dict(state["cursors"]).items()},
+            seen=[str(x) for x in list(state["seen"])],
+        )
+    except (KeyError, TypeError, ValueError):
+        return _Kept(now)
 
 
 def _event(line: str) -> Optional[Event]:

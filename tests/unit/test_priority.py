@@ -580,3 +580,18 @@ def test_a_gang_is_promised_a_start_every_one_of_its_nodes_has_room_at() -> None
         "fits on both nodes: +650)"
     )
     assert start == NOW + 650
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        {"half_life": 86400.0, "ref": "yesterday", "users": {}, "cursors": {}, "seen": []},
+        {"half_life": 86400.0, "ref": 1.0, "users": {"alice": "lots"}, "cursors": {}, "seen": []},
+        {"half_life": 86400.0, "ref": 1.0, "users": {}, "cursors": ["x"], "seen": []},
+        {"half_life": 86400.0},
+    ],
+)
+def test_a_damaged_kept_sum_is_counted_again_not_an_error(log: Log, damaged: dict) -> None:
+    log.ended("alice", "c-a1", 2, since_ago=3 * HOUR, ended_ago=HOUR)
+    log.store.write_notify(name=STATE_FILE, data=damaged)
+    assert log.use() == pytest.approx(log.expected(log.ends))
