@@ -18,6 +18,7 @@ from gpuclaim.core.errors import (
     ConflictError,
     GpuclaimError,
     NeverFitsError,
+    StoreError,
     UnreachableError,
     UsageError,
 )
@@ -139,7 +140,10 @@ class _Pass:
 
     def _user_of(self, entry: QueueEntry) -> str:
         """An entry from before fair share names no user: its record does."""
-        job = self._job(entry)
+        try:
+            job = self._job(entry)
+        except StoreError:
+            return ""
         return job.user if job is not None else ""
 
     def _job(self, entry: QueueEntry) -> Optional[Job]:
@@ -173,7 +177,10 @@ class _Pass:
             return reasons.user_limit(limit, entry.user, self.held.get(entry.user, 0))
         if not self.every and self.full:
             return None  # nothing can start: the rest is not worth reading
-        job = self._job(entry)
+        try:
+            job = self._job(entry)
+        except StoreError:
+            return None  # a damaged record cannot run; the jobs behind it still may
         if job is None or job.state != JobState.QUEUED:
             self.store.finish_queue_entry(name=entry.name)
             return None

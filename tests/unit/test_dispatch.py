@@ -245,3 +245,13 @@ def test_a_wrappers_pass_leaves_a_job_pinned_to_another_node_waiting(c):
     assert c.job(pinned).state == "queued" and c.job(other).state == "starting"
     free_up(c, held)
     assert c.dispatch(only_node="node02") == ["pinned"]
+
+
+def test_a_damaged_job_record_in_the_queue_holds_nobody_else_back(c):
+    held = c.claim("carol", 4, node="node02")
+    broken = c.queue("bob", "broken")
+    fine = c.queue("alice", "fine")
+    (c.store.root / "jobs" / f"{broken.id}.json").write_text("{not json")
+    assert c.dispatch() == ["fine"]
+    assert c.job(fine).state == "starting"
+    assert len(c.store.queue_entries()) == 1  # its entry stays, for gc or a person to see
