@@ -248,7 +248,7 @@ def test_a_wrappers_pass_leaves_a_job_pinned_to_another_node_waiting(c):
 
 
 def test_a_damaged_job_record_in_the_queue_holds_nobody_else_back(c):
-    held = c.claim("carol", 4, node="node02")
+    c.claim("carol", 4, node="node02")  # node02 full: only node01 is left for them
     broken = c.queue("bob", "broken")
     fine = c.queue("alice", "fine")
     (c.store.root / "jobs" / f"{broken.id}.json").write_text("{not json")
