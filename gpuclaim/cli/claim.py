@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from gpuclaim.cli import completion
-from gpuclaim.cli.common import out, print_json, quiet_option, state, waiting
+from gpuclaim.cli.common import out, print_json, quiet_option, say_on_stderr, state, waiting
 from gpuclaim.core.durations import format_duration, parse_duration
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.identity import clean_note
@@ -45,7 +45,8 @@ def claim(
     as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
-    """Claim GPUs (exit 3 if nothing fits now)."""
+    """Claim GPUs (exit 3 if nothing fits now). GPUs that preemptible jobs hold count as
+    free: they are asked to yield, and the claim waits for them (at most the grace)."""
     from gpuclaim.cli.render import claim_lines
     from gpuclaim.engine.claims import claim_gpus, parse_gpu_spec
     from gpuclaim.engine.placement import ClaimRequest
@@ -69,7 +70,7 @@ def claim(
         reservation=reservation,
     )
     with waiting("looking for free GPUs", quiet):
-        result = claim_gpus(st.config, st.store, req, st.prober)
+        result = claim_gpus(st.config, st.store, req, st.prober, say=say_on_stderr(quiet))
     completion.remember(st.config.path, add={"claims": [completion.claim_item(result)]})
     if quiet:
         return

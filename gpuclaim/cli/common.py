@@ -7,7 +7,7 @@ import functools
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -239,6 +239,16 @@ def _console_class() -> type[Console]:
             return "\n".join(line.rstrip() for line in text.split("\n"))
 
     return _Console
+
+
+def say_on_stderr(quiet: bool = False) -> Callable[[str], None]:
+    """What a claim that waits for preemptible jobs tells: a line on stderr (none if quiet)."""
+
+    def say(text: str) -> None:
+        if not quiet:
+            err().print(f"gpuclaim: {text}", markup=False, highlight=False)
+
+    return say
 
 
 @contextlib.contextmanager

@@ -12,7 +12,16 @@ import typer
 
 from gpuclaim.cli import completion
 from gpuclaim.cli import run_flags as flags
-from gpuclaim.cli.common import AppState, err, out, print_json, quiet_option, state, waiting
+from gpuclaim.cli.common import (
+    AppState,
+    err,
+    out,
+    print_json,
+    quiet_option,
+    say_on_stderr,
+    state,
+    waiting,
+)
 from gpuclaim.cli.files import typed_in
 from gpuclaim.cli.follow import FirstRead, flush_stdout, follow_log, write_out
 from gpuclaim.core.errors import ExitCode, GpuclaimError, UsageError
@@ -46,6 +55,9 @@ def run(
     reservation: flags.Reservation = None,
     nice: flags.Nice = 0,
     begin: flags.Begin = None,
+    preemptible: flags.Preemptible = False,
+    requeue: flags.Requeue = False,
+    preempt_signal: flags.PreemptSignal = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:
@@ -94,7 +106,7 @@ def _submit_and_report(
     from gpuclaim.engine.jobs import submit_job
 
     with waiting("starting the job", quiet):
-        job = submit_job(st.config, st.store, req, st.prober, st.ops)
+        job = submit_job(st.config, st.store, req, st.prober, st.ops, say=say_on_stderr(quiet))
     if first is not None:
         first.start(job)  # a job that started: its log is read while we say so
     if not quiet:

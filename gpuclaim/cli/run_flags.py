@@ -140,6 +140,27 @@ Begin = Annotated[
         help="Queue it until then: 22:00, tomorrow 09:00, Thu 18:00, +2h, 2026-12-24T08:00.",
     ),
 ]
+Preemptible = Annotated[
+    bool,
+    typer.Option(
+        "--preemptible",
+        help="Scavenge idle GPUs: yield them (signal, grace, TERM) when anyone else needs them.",
+    ),
+]
+Requeue = Annotated[
+    bool,
+    typer.Option(
+        "--requeue", help="With --preemptible: when preempted, back to the queue to run again."
+    ),
+]
+PreemptSignal = Annotated[
+    Optional[str],
+    typer.Option(
+        "--preempt-signal",
+        metavar="SIG",
+        help="With --preemptible: the signal that asks it to save and yield (default USR1).",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -172,6 +193,9 @@ class RunFlags:
     reservation: Optional[str] = None
     nice: int = 0
     begin: Optional[str] = None
+    preemptible: bool = False
+    requeue: bool = False
+    preempt_signal: Optional[str] = None
     as_json: bool = False
     quiet: bool = False
 
@@ -192,6 +216,11 @@ class RunFlags:
             raise UsageError("--max-running is for --array or --sweep")
         if (self.sync or self.sync_dir is not None) and self.workdir is not None:
             raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+        for flag, given in (("--requeue", self.requeue), ("--preempt-signal", self.preempt_signal)):
+            if given and not self.preemptible:
+                raise UsageError(f"{flag} is for --preemptible jobs")
+        if self.preemptible and self.reservation:
+            raise UsageError("--preemptible work needs no booking: it runs on whatever is idle")
 
 
 def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: Path) -> RunRequest:
@@ -224,7 +253,33 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         reservation=flags.reservation,
         nice=flags.nice,
         begin=begin_time(flags.begin),
+        preemptible=flags.preemptible,
+        requeue=flags.requeue,
+        preempt_signal=signal_name(flags.preempt_signal or "USR1"),
     )
+
+
+# What a job may be asked to yield with: the catchable signals of every POSIX system.
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "WINCH", "URG", "CONT")
+
+
+def signal_name(text: str) -> str:
+    """``SIGUSR1``, ``usr1``, ``10`` -> ``USR1``; anything else is a usage error."""
+    import signal
+
+    word = text.strip().upper()
+    word = word[3:] if word.startswith("SIG") else word
+    if word.isdigit():
+        try:
+            word = signal.Signals(int(word)).name[3:]
+        except ValueError:
+            word = ""
+    if word not in PREEMPT_SIGNALS:
+        raise UsageError(
+            f"--preempt-signal {text!r}: use one of {', '.join(PREEMPT_SIGNALS)} "
+            "(KILL and STOP cannot be caught)"
+        )
+    return word
 
 
 def begin_time(text: Optional[str]) -> Optional[float]:

@@ -36,6 +36,9 @@ class Booking(HoldsGpus):
     created: float = 0.0
     host: str = ""
     used: Optional[float] = None
+    # A hand-over: held for a moment by one claiming GPUs that preemptible jobs must yield
+    # first, so that nobody else takes them meanwhile; dropped once claimed (or at its end).
+    handover: bool = False
 
     @property
     def gpu_hours(self) -> float:
@@ -67,6 +70,7 @@ class Booking(HoldsGpus):
             "created": self.created,
             "host": self.host,
             "used": self.used,
+            "handover": self.handover,
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class Booking(HoldsGpus):
             created=float(d.get("created") or 0.0),
             host=str(d.get("host") or ""),
             used=None if used is None else float(used),
+            handover=bool(d.get("handover", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,6 +109,7 @@ class Booking(HoldsGpus):
             "note": self.note,
             "created": iso(self.created) if self.created else None,
             "used": iso(self.used),
+            "handover": self.handover,
         }
 
     def short_dict(self) -> dict[str, Any]:

@@ -71,7 +71,8 @@ _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node
 DEFAULT_KEEP_COPIES_S = 7 * 86400.0
 _NODE_KEYS = {"host", "transport", "nvidia_smi", "env", *_WORKENV_KEYS}
 _IDLE_KEYS = {"window", "threshold_pct", "warn", "release_after", "release_jobs"}
-_QUEUE_KEYS = {"half_life", "max_age", "fairshare_weight", "age_weight"}
+_QUEUE_KEYS = {"half_life", "max_age", "fairshare_weight", "age_weight", "preempt_grace"}
+MAX_PREEMPT_GRACE_S = 3600.0  # a claimer waits this long at most for preemptible jobs
 _SLACK_KEYS = {"webhook_url", "events", "mentions", "opt_out", "timeout"}
 
 
@@ -149,6 +150,8 @@ class QueuePolicy:
     max_age_s: float = 86400
     fairshare_weight: float = 1000.0
     age_weight: float = 1000.0
+    # A preemptible job gets its signal, then this long to save its state and yield, then TERM
+    preempt_grace_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -433,7 +436,10 @@ def _queue(table: dict[str, Any]) -> QueuePolicy:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
             raise ConfigError(f"'queue.{key}' must be a number >= 0, not {value!r}")
         weights[key] = float(value)
-    return QueuePolicy(half_life_s=half_life, max_age_s=max_age, **weights)
+    grace = _duration(table, "preempt_grace", base.preempt_grace_s, "queue")
+    if not 0 <= grace <= MAX_PREEMPT_GRACE_S:
+        raise ConfigError("'queue.preempt_grace' must be a duration from 0s to 1h, e.g. \"60s\"")
+    return QueuePolicy(half_life_s=half_life, max_age_s=max_age, preempt_grace_s=grace, **weights)
 
 
 def _number(table: dict[str, Any], key: str) -> float:

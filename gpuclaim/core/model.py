@@ -59,6 +59,7 @@ class EventType(_Word):
     JOB_END = "job-end"
     JOB_CANCELLED = "job-cancelled"  # it never ran: what it waited for did not succeed
     FORCE_KILL = "force-kill"
+    PREEMPT = "preempt"  # a preemptible job was asked to yield its GPUs to someone's claim
     ARRAY_QUEUED = "array-queued"
     ARRAY_START = "array-start"
     ARRAY_END = "array-end"
@@ -151,6 +152,7 @@ class Claim(HoldsGpus):
     host: str = ""  # where the claiming process ran
     pid: int = 0
     adopted: bool = False
+    preemptible: bool = False  # a run --preemptible job's: it yields to anyone's claim
 
     def with_expiry(self, expires: float) -> Claim:
         return replace(self, expires=expires)
@@ -169,6 +171,7 @@ class Claim(HoldsGpus):
             "host": self.host,
             "pid": self.pid,
             "adopted": self.adopted,
+            "preemptible": self.preemptible,
         }
 
     @classmethod
@@ -193,6 +196,7 @@ class Claim(HoldsGpus):
             host=str(d.get("host") or ""),
             pid=int(d.get("pid") or 0),
             adopted=bool(d.get("adopted", False)),
+            preemptible=bool(d.get("preemptible", False)),
         )
 
 
@@ -390,6 +394,12 @@ class Job:
     reservation: Optional[str] = None  # run --reservation: only on that booking's GPUs
     nice: int = 0  # run --nice: points off its priority in the queue
     begin: Optional[float] = None  # run --begin: it stays queued until then
+    preemptible: bool = False  # run --preemptible: yields its GPUs to anyone who needs them
+    requeue: bool = False  # run --requeue: a preempted run goes back to the queue
+    preempt_signal: str = "USR1"  # run --preempt-signal: what it gets first when preempted
+    restarts: int = 0  # how many times it was preempted and requeued before this run
+    preempted_by: Optional[str] = None  # who it yielded to, once asked
+    preempt_deadline: Optional[float] = None  # when its grace ends (storage clock), once asked
 
     @property
     def session(self) -> str:
@@ -450,6 +460,12 @@ class Job:
             "reservation": self.reservation,
             "nice": self.nice,
             "begin": iso(self.begin),
+            "preemptible": self.preemptible,
+            "requeue": self.requeue,
+            "preempt_signal": self.preempt_signal,
+            "restarts": self.restarts,
+            "preempted_by": self.preempted_by,
+            "preempt_deadline": iso(self.preempt_deadline),
         }
 
     @classmethod
@@ -492,6 +508,12 @@ class Job:
             reservation=d.get("reservation"),
             nice=int(d.get("nice") or 0),
             begin=parse_iso(d.get("begin")),
+            preemptible=bool(d.get("preemptible", False)),
+            requeue=bool(d.get("requeue", False)),
+            preempt_signal=str(d.get("preempt_signal") or "USR1"),
+            restarts=int(d.get("restarts") or 0),
+            preempted_by=d.get("preempted_by"),
+            preempt_deadline=parse_iso(d.get("preempt_deadline")),
         )
 
 

@@ -80,6 +80,7 @@ class RankSpec(TypedDict):
     workenv: WorkEnvSpec
     probe_timeout: float
     grace_s: float
+    preempt_grace_s: float  # [queue] preempt_grace: GPUCLAIM_PREEMPT_GRACE
     beat_s: float
     sample_s: float
     idle_threshold_pct: float

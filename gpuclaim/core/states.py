@@ -34,6 +34,7 @@ class JobState(str, Enum):
     TIMEOUT = "timeout"
     LOST = "lost"
     CANCELLED = "cancelled"  # never ran: what it waited for (--after) did not succeed
+    PREEMPTED = "preempted"  # a --preemptible job that yielded its GPUs to someone's claim
 
     def __str__(self) -> str:
         return self.value
@@ -107,7 +108,14 @@ STARTED_STATES: tuple[str, ...] = (JobState.STARTING.value, JobState.RUNNING.val
 # The ends other than success, the worst first (an array's row shows the worst of its tasks).
 UNSUCCESSFUL_STATES: tuple[str, ...] = tuple(
     s.value
-    for s in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST, JobState.KILLED, JobState.CANCELLED)
+    for s in (
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.LOST,
+        JobState.KILLED,
+        JobState.PREEMPTED,
+        JobState.CANCELLED,
+    )
 )
 # The ends of a job that never ran (nothing started, no log): never "Started", exit 1.
 NEVER_RAN_STATES: tuple[str, ...] = (JobState.CANCELLED.value,)
@@ -124,7 +132,8 @@ def ended(state: str) -> bool:
 
 
 def ended_badly(state: str) -> bool:
-    """Has it ended other than by succeeding (failed, killed, timeout, lost, never ran)."""
+    """Has it ended other than by succeeding (failed, killed, timeout, lost, preempted, never
+    ran)."""
     return state in UNSUCCESSFUL_STATES
 
 
@@ -193,6 +202,8 @@ def job_style(state: JobState) -> str:
         return "magenta"
     if state is JobState.KILLED or state is JobState.CANCELLED:
         return "dim"
+    if state is JobState.PREEMPTED:
+        return "blue"
     if state is JobState.LOST:
         return "bold red"
     unhandled(state)

@@ -3,6 +3,7 @@ and what they mean for claims (kept off others' bookings; the owner gets theirs 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid as uuidlib
@@ -324,6 +325,13 @@ def settle_bookings(config: Config, store: Store, snap: Snapshot) -> Snapshot:
     grace = config.limits.reserve_grace_s
     live: list[Booking] = []
     for b in snap.bookings:
+        if b.handover:  # a claim's moment of waiting for preemptible jobs: no booking's life
+            if snap.now < b.end:
+                live.append(b)
+            else:
+                with contextlib.suppress(StoreError):
+                    store.drop_booking(b.id)  # its claimer went away while waiting
+            continue
         holding = owner_holds(snap, b)
         try:
             if snap.now >= b.end:

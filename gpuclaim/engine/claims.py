@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view,
 from gpuclaim.engine.job_records import finish_rank, load_jobs
 from gpuclaim.engine.placement import (
     ClaimRequest,
+    bookings_against,
     candidate_nodes,
     hold_until,
     pick_adopt,
@@ -38,6 +40,7 @@ from gpuclaim.engine.placement import (
     pick_free,
     usable_rows,
 )
+from gpuclaim.engine.preempt import Handover, Say, find_handover, hand_over, yieldable
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
@@ -81,8 +84,16 @@ def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
     return parsed
 
 
-def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProber) -> Claim:
-    """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now."""
+def claim_gpus(
+    config: Config,
+    store: Store,
+    req: ClaimRequest,
+    prober: NodeProber,
+    say: Optional[Say] = None,
+) -> Claim:
+    """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now.
+    With ``say`` (a caller that can wait), GPUs held by preemptible jobs count too: they are
+    asked to yield, ``say`` tells for whom it waits, and the claim gets exactly their GPUs."""
     duration = _checked_duration(config, req.duration_s)
     booked = None
     if req.reservation:
@@ -94,15 +105,21 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
     fits = req.count if not (req.exact or req.adopt or booked) else None
     view = build_view(config, store, nodes, prober=prober, fits=fits)
     if booked is not None:
-        req = _within(view, req, booked, duration)
+        req = _within(view, req, booked, duration, preempting=say is not None)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
-        if req.adopt:
-            node, rows = pick_adopt(view, req)
-        elif req.exact:
-            node, rows = pick_exact(view, req, duration)
-        else:
-            node, rows = pick_free(config, view, req, duration)
+        try:
+            if req.adopt:
+                node, rows = pick_adopt(view, req)
+            elif req.exact:
+                node, rows = pick_exact(view, req, duration)
+            else:
+                node, rows = pick_free(config, view, req, duration)
+        except ConflictError:
+            handover = find_handover(config, view, req, duration) if say else None
+            if handover is None or say is None:
+                raise
+            return _claim_handed_over(config, store, req, prober, handover, say)
         _reap_stale(store, view, rows, req.user)
         now = store.now()
         expires = min(hold_until(r, req, now, now + duration) for r in rows)
@@ -118,6 +135,7 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
             host=this_host(),
             pid=os.getpid(),
             adopted=req.adopt,
+            preemptible=req.preemptible,
         )
         try:
             store.acquire(claim)
@@ -130,7 +148,7 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
             continue
         # Linked first, bookings read second: a booking made meanwhile is seen here (or it
         # saw this claim after its own write; store.bookings says why that is enough).
-        clash = _booked_meanwhile(store, claim)
+        clash = _booked_meanwhile(store, claim, req)
         if clash is not None:
             _remove_own(store, claim)
             if req.exact or req.adopt or attempt == RACE_RETRIES - 1:
@@ -143,15 +161,44 @@ def claim_gpus(config: Config, store: Store, req: ClaimRequest, prober: NodeProb
     raise ConflictError("could not claim: other claims kept winning the race; try again")
 
 
-def _within(view: ClusterView, req: ClaimRequest, booked: Booking, duration: float) -> ClaimRequest:
+def _claim_handed_over(
+    config: Config,
+    store: Store,
+    req: ClaimRequest,
+    prober: NodeProber,
+    handover: Handover,
+    say: Say,
+) -> Claim:
+    """Once the preemptible jobs yielded: exactly their GPUs (and the free ones chosen with
+    them), inside the hand-over booking that kept everyone else off them meanwhile."""
+    booking = hand_over(config, store, req, handover, say)
+    try:
+        exact = dataclasses.replace(
+            req, exact=((handover.node, handover.indices),), node=None, reservation=None
+        )
+        # asked again: the yielded jobs' processes are gone now (an earlier answer shows them)
+        return claim_gpus(config, store, exact, prober.fresh())
+    finally:
+        with contextlib.suppress(GpuclaimError):
+            store.drop_booking(booking.id)
+
+
+def _within(
+    view: ClusterView, req: ClaimRequest, booked: Booking, duration: float, preempting: bool
+) -> ClaimRequest:
     """A claim on one's booking: exactly its GPUs (all, or ``req.count`` of them) that are
-    free now; fewer free than asked is exit 3, naming who holds the others."""
+    free now (or, ``preempting``, held by preemptible work that used the window until its
+    owner came); fewer than asked is exit 3, naming who holds the others."""
     need = req.count or len(booked.gpus)
     rows = [
         r
         for r in usable_rows(view, booked.node, req, view.snapshot.now + duration)
         if r.uuid in booked.uuids
     ]
+    if preempting:
+        rows += [
+            r for r in view.gpus_of(booked.node) if r.uuid in booked.uuids and yieldable(r, req)
+        ]
     if len(rows) < need:
         held = [
             f"GPU {r.index} {r.state}" + (f" by {r.claim.user}" if r.claim else "")
@@ -181,8 +228,10 @@ def _check_bookings_allow(
             )
 
 
-def _booked_meanwhile(store: Store, claim: Claim) -> Optional[Booking]:
-    bookings = store.bookings()
+def _booked_meanwhile(
+    store: Store, claim: Claim, req: Optional[ClaimRequest] = None
+) -> Optional[Booking]:
+    bookings = store.bookings() if req is None else bookings_against(req, store.bookings())
     for uuid in claim.uuids:
         b = blocking(bookings, uuid, claim.user, claim.since, claim.expires)
         if b is not None:

@@ -88,6 +88,10 @@ class NodeProber:
             raise UnreachableError("no way to reach the nodes was given (a bug in gpuclaim)")
         return self._channels
 
+    def fresh(self) -> NodeProber:
+        """A prober that asks the nodes now (one that reuses earlier answers gives its own)."""
+        return self
+
     def probe(
         self,
         nodes: Sequence[NodeConfig],

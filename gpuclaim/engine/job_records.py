@@ -6,6 +6,7 @@ Below claims and the job lifecycle: both finish ranks, neither is needed to do i
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
@@ -18,6 +19,10 @@ from gpuclaim.store import Store
 ARCHIVE_AFTER_S = 86400.0  # a finished job leaves jobs/ a day after its end: by then
 # `jobs` no longer shows it unless --all, which reads the archive too
 ARCHIVE_BATCH = 200  # readers move old records only this many at a time (gc: any number)
+
+
+def new_job_id() -> str:
+    return "j-" + uuid.uuid4().hex[:10]
 
 
 def load_jobs(store: Store, archived: bool = False) -> list[Job]:
@@ -132,10 +137,42 @@ def finish_rank(
     if not done.applied:
         return None
     final = done.job
-    extra = {"log_tail": log_tail} if log_tail and final_state != JobState.SUCCEEDED else {}
+    extra: dict[str, Any] = (
+        {"log_tail": log_tail} if log_tail and final_state != JobState.SUCCEEDED else {}
+    )
+    again = requeue(store, final, now) if final_state == JobState.PREEMPTED else None
+    if again is not None:
+        extra["requeued_as"] = again.id
     store.append_event(job_event(EventType.JOB_END, final, now, extra))
-    note_task_end(store, final)
+    if again is None:  # a requeued task is not over: its array waits for its next run
+        note_task_end(store, final)
     return final
+
+
+def requeue(store: Store, job: Job, now: float) -> Optional[Job]:
+    """A preempted ``--requeue`` job goes back to the queue: the same command and name, a
+    new record (the preempted run keeps its own), one restart more. None without --requeue."""
+    if not job.requeue:
+        return None
+    again = job.with_(
+        id=new_job_id(),
+        state=JobState.QUEUED,
+        submitted=now,
+        ranks=(),
+        started=None,
+        ended=None,
+        exit_code=None,
+        reason="",
+        stop_requested=None,
+        preempted_by=None,
+        preempt_deadline=None,
+        port=None,
+        restarts=job.restarts + 1,
+    )
+    store.create_job(job=again)
+    store.enqueue(job_id=again.id, user=again.user, nice=again.nice, begin=0.0)
+    store.append_event(job_event(EventType.JOB_QUEUED, again, now, {"requeued_from": job.id}))
+    return again
 
 
 def _job_outcome(job: Job) -> tuple[JobState, Optional[int]]:
@@ -145,6 +182,8 @@ def _job_outcome(job: Job) -> tuple[JobState, Optional[int]]:
         return JobState.TIMEOUT, by_state[JobState.TIMEOUT]
     if job.stop_requested == "kill":
         return JobState.KILLED, by_state.get(JobState.KILLED)
+    if job.stop_requested == "preempt":  # engine.preempt's request: every rank yielded
+        return JobState.PREEMPTED, by_state.get(JobState.PREEMPTED)
     for state in (JobState.FAILED, JobState.LOST, JobState.KILLED):
         if state in by_state:
             return state, by_state[state]

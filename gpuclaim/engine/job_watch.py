@@ -23,6 +23,7 @@ TIMEOUT_EXIT = 124  # past its --time, as timeout(1) says it
 LOST_EXIT = 255  # its node, tmux or wrapper went away: how it ended is unknown
 
 
+PREEMPTED_EXIT = 75  # yielded its GPUs (run --preemptible): EX_TEMPFAIL, "try again later"
 NEVER_RAN_EXIT = 1  # it never started (cancelled: what it waited for did not succeed)
 
 
@@ -96,6 +97,8 @@ def exit_code(state: JobState, own: Optional[int]) -> int:
         return LOST_EXIT
     if state is JobState.CANCELLED:
         return NEVER_RAN_EXIT
+    if state is JobState.PREEMPTED:
+        return PREEMPTED_EXIT
     if state is JobState.QUEUED or state is JobState.STARTING or state is JobState.RUNNING:
         return NO_END_EXIT
     unhandled(state)
@@ -133,6 +136,9 @@ def _outcome(job: Job, state: JobState, code: int, took: str) -> str:
     if state is JobState.TIMEOUT:
         limit = format_duration(job.time_limit_s)
         return f"job {job.name} reached its time limit of {limit} (exit code {code}) after {took}"
+    if state is JobState.PREEMPTED:
+        why = f" ({job.reason})" if job.reason else ""
+        return f"job {job.name} was preempted{why} (exit code {code}) after {took}"
     if state is JobState.LOST:
         return (
             f"job {job.name} was lost: its node, tmux or wrapper went away "

@@ -34,7 +34,13 @@ from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
 from gpuclaim.engine.dispatch import dispatch_queue
-from gpuclaim.engine.job_records import find_job, finish_rank, load_jobs, reload_job
+from gpuclaim.engine.job_records import (
+    find_job,
+    finish_rank,
+    load_jobs,
+    new_job_id,
+    reload_job,
+)
 from gpuclaim.engine.launch import (
     NodeOps,
     nodes_for,
@@ -42,6 +48,7 @@ from gpuclaim.engine.launch import (
     start_keepers,
     start_ranks,
 )
+from gpuclaim.engine.preempt import Say
 from gpuclaim.engine.sync import SyncPlan, push_copies
 from gpuclaim.store import Store
 
@@ -70,10 +77,9 @@ class RunRequest:
     reservation: Optional[str] = None  # --reservation ID: on that booking's GPUs (count 0: all)
     nice: int = 0  # --nice N: N points off its priority in the queue
     begin: Optional[float] = None  # --begin WHEN: queued until then
-
-
-def new_job_id() -> str:
-    return "j-" + uuid.uuid4().hex[:10]
+    preemptible: bool = False  # --preemptible: yields its GPUs to anyone who needs them
+    requeue: bool = False  # --requeue: back to the queue when preempted
+    preempt_signal: str = "USR1"  # --preempt-signal: what it gets first when preempted
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -158,6 +164,9 @@ def job_from_request(
         reservation=req.reservation,
         nice=req.nice,
         begin=req.begin,
+        preemptible=req.preemptible,
+        requeue=req.requeue,
+        preempt_signal=req.preempt_signal,
         **more,
     )
 
@@ -168,11 +177,12 @@ def submit_job(
     req: RunRequest,
     prober: NodeProber,
     ops: Optional[NodeOps] = None,
+    say: Optional[Say] = None,
 ) -> Job:
     """Start the job now (claiming its GPUs), or queue it with ``req.queue`` (or when it
     waits ``--after`` another). Without ``queue``, nothing free means ConflictError (exit 3)
     and no job is left behind; a name already used by a running or queued job of the user's
-    is NameInUseError (exit 5)."""
+    is NameInUseError (exit 5). With ``say``, it may wait for preemptible jobs to yield."""
     if req.reservation:
         req = in_booking(config, store, req)
     time_s = checked_time(config, req)
@@ -198,7 +208,7 @@ def submit_job(
         if job.state == JobState.QUEUED:
             start_keepers(config, ops, job, view)
         return job
-    ranks = place_and_claim(config, store, job, prober, view)
+    ranks = place_and_claim(config, store, job, prober, view, say=say)
     if req.sync:
         try:
             job = _with_copies(config, ops, job, req, [config.node(r.node) for r in ranks])

@@ -51,6 +51,7 @@ from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
+from gpuclaim.engine.preempt import Say
 from gpuclaim.engine.sync import TreeCopier
 from gpuclaim.store import Store
 
@@ -129,8 +130,10 @@ def place_and_claim(
     prober: NodeProber,
     view: Optional[ClusterView] = None,
     allowed: Optional[Sequence[str]] = None,
+    say: Optional[Say] = None,
 ) -> list[JobRank]:
-    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing."""
+    """Claim ``gpus_per_node`` GPUs on each of ``nodes_wanted`` nodes, all or nothing. With
+    ``say`` a one-node job may wait for preemptible jobs to yield (engine.preempt)."""
     duration = job.time_limit_s + CLAIM_MARGIN_S
     candidates = [n.name for n in nodes_for(config, job) if allowed is None or n.name in allowed]
     if view is None:
@@ -144,12 +147,13 @@ def place_and_claim(
             note=f"job {job.name}",
             job=job.id,
             reservation=job.reservation,
+            preemptible=job.preemptible,
         )
         sub = config if allowed is None else _only(config, candidates)
-        claim = claim_gpus(sub, store, req, prober=_reuse(prober, view))
+        claim = claim_gpus(sub, store, req, prober=_reuse(prober, view), say=say)
         return [_rank(0, claim)]
     # Gang: the nodes with room, fullest first (best fit), then exact GPUs on each.
-    asking = ClaimRequest(user=job.user, duration_s=duration)
+    asking = ClaimRequest(user=job.user, duration_s=duration, preemptible=job.preemptible)
     until = view.snapshot.now + duration
     free = {
         n: usable_rows(view, n, asking, until)
@@ -174,6 +178,7 @@ def place_and_claim(
                 duration_s=duration,
                 note=f"job {job.name} rank {rank}",
                 job=job.id,
+                preemptible=job.preemptible,
             )
             ranks.append(_rank(rank, claim_gpus(config, store, req, prober=_reuse(prober, view))))
     except GpuclaimError:
@@ -272,6 +277,7 @@ def rank_spec(
         },
         "probe_timeout": config.limits.probe_timeout_s,
         "grace_s": config.limits.kill_grace_s,
+        "preempt_grace_s": config.queue.preempt_grace_s,
         "beat_s": config.limits.heartbeat_s,
         "sample_s": max(config.limits.heartbeat_s, min(60.0, config.idle.window_s / 4)),
         "idle_threshold_pct": config.idle.threshold_pct,
@@ -295,6 +301,9 @@ class _CachedProber(NodeProber):
         super().__init__(inner.config, inner._channels)
         self.inner = inner
         self.view = view
+
+    def fresh(self) -> NodeProber:
+        return self.inner.fresh()
 
     def probe(
         self,

@@ -31,6 +31,7 @@ from gpuclaim.store import Store
 
 # The ``[slack] events`` name of the messages that a node became unreachable.
 UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
+PREEMPTED_MESSAGES = JobState.PREEMPTED.value  # a preemptible job yields its GPUs
 # Event types that become messages, and their names in ``[slack] events``.
 MESSAGE_EVENTS: dict[str, str] = {
     EventType.JOB_START: "job_started",
@@ -43,6 +44,7 @@ MESSAGE_EVENTS: dict[str, str] = {
     EventType.EXPIRE: "expired",
     EventType.FORCE_RELEASE: "forced",
     EventType.FORCE_KILL: "forced",
+    EventType.PREEMPT: PREEMPTED_MESSAGES,
     EventType.CLAIM_EXPIRING: "expiring",
     EventType.BUSY_UNCLAIMED: "busy_unclaimed",
     EventType.NODE_UNREACHABLE: UNREACHABLE_MESSAGES,
@@ -62,6 +64,7 @@ DEFAULT_EVENTS = (
     "idle",
     "forced",
     "reservation",
+    PREEMPTED_MESSAGES,
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -138,6 +141,8 @@ def wanted(event: Event, slack: SlackConfig) -> bool:
         return False
     if event.extra.get("array"):
         return False  # one task of an array: the array's start and end say it, once each
+    if event.type == EventType.JOB_END and event.extra.get("state") == JobState.PREEMPTED:
+        return False  # its preemption was said when it was asked to yield: one line each
     chosen = slack.events or DEFAULT_EVENTS
     if kind not in chosen and event.type not in chosen:
         return False
@@ -185,6 +190,12 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     elif event.type == EventType.FORCE_KILL:
         killer = _esc(event.by or "?")
         text = f"🛑 {who}'s job *{extra.get('job')}* was killed by {killer} (--force)"
+    elif event.type == EventType.PREEMPT:
+        then = "goes back to the queue" if extra.get("requeue") else "ends"
+        text = (
+            f"⏏ {who}'s preemptible job *{extra.get('job')}* yields {where} to "
+            f"{_esc(event.by or '?')} and {then}"
+        )
     elif event.type == EventType.EXPIRE:
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == EventType.CLAIM_EXPIRING:
@@ -230,6 +241,8 @@ def end_icon(state: JobState) -> str:
         return "⏱"
     if state is JobState.KILLED:
         return "🛑"
+    if state is JobState.PREEMPTED:
+        return "⏏"
     if (
         state is JobState.LOST
         or state is JobState.CANCELLED
@@ -343,7 +356,7 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
                 reason=r.reason,
             )
         )
-    opened = {b.id: b for b in view.snapshot.bookings if b.is_open(now)}
+    opened = {b.id: b for b in view.snapshot.bookings if b.is_open(now) and not b.handover}
     for bid in store.mark_notices(scope="booking-open", keys=sorted(opened)):
         events.append(booking_event(EventType.RESERVE_OPEN, opened[bid], now))
     unreachable = GpuState.UNREACHABLE.value  # the fallback reason, and the notices' scope

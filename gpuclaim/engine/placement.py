@@ -4,6 +4,7 @@ named; and why nothing fits when nothing does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,28 +33,40 @@ class ClaimRequest:
     job: Optional[str] = None
     adopt: bool = False
     reservation: Optional[str] = None  # claim exactly the GPUs of one's own booking
+    preemptible: bool = False  # a run --preemptible job's: yields to others, preempts nobody
 
 
 def hold_until(row: GpuRow, req: ClaimRequest, now: float, until: float) -> float:
     """A claim inside one's own open booking without --time ends with the booking (as a SLURM
     job in a reservation does), so it never runs into the next one's window."""
     b = row.booking
+    if b is not None and b.handover:
+        return until  # a hand-over lasts only while preemptible jobs yield: no end of a claim
     if req.duration_s is None and b is not None and b.user == req.user and b.is_open(now):
         return min(until, b.end)
     return until
+
+
+def bookings_against(req: ClaimRequest, bookings: Sequence[Booking]) -> list[Booking]:
+    """The bookings that keep ``req`` off their GPUs: all, but for preemptible work only the
+    ones whose owner came (or a hand-over): until then it may use them, and yields to them."""
+    if not req.preemptible:
+        return list(bookings)
+    return [b for b in bookings if b.handover or b.used is not None]
 
 
 def usable_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) -> list[GpuRow]:
     """The node's GPUs ``req``'s user may claim until ``until``: free (or stale), or reserved
     for them, and not inside anyone else's booking before then. Their own booked ones first."""
     now = view.snapshot.now
-    bookings = view.snapshot.bookings
+    bookings = bookings_against(req, view.snapshot.bookings)
     rows = []
     for r in view.gpus_of(node):
         if not r.uuid:
             continue
         if r.state == GpuState.RESERVED:
-            if r.booking is None or r.booking.user != req.user:
+            b = r.booking
+            if b is None or not (b.user == req.user or b not in bookings):
                 continue
         elif r.state not in (GpuState.FREE, GpuState.STALE):
             continue
@@ -133,9 +146,10 @@ def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[s
             raise ConflictError(f"{node} GPU {index} is busy: {row.reason}")
         rows.append(row)
     now = view.snapshot.now
+    against = bookings_against(req, view.snapshot.bookings)
     for row in rows:
         until = hold_until(row, req, now, now + duration)
-        b = blocking(view.snapshot.bookings, row.uuid or "", req.user, now, until)
+        b = blocking(against, row.uuid or "", req.user, now, until)
         if b is not None:
             shared = [r.index or 0 for r in rows if r.uuid in b.uuids]
             raise ConflictError(blocked_message(b, shared, now, until), hint=backfill_hint(b, now))

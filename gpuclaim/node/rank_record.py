@@ -82,8 +82,13 @@ class RankRecord:
         except GpuclaimError:
             return
         if current and current.stop_requested and self.stop_reason is None:
-            self.stop_reason = JobState.KILLED
-            self.job = self.job.with_(stop_requested=current.stop_requested)
+            preempted = current.stop_requested == "preempt"  # engine.preempt's request
+            self.stop_reason = JobState.PREEMPTED if preempted else JobState.KILLED
+            self.job = self.job.with_(
+                stop_requested=current.stop_requested,
+                preempted_by=current.preempted_by,
+                preempt_deadline=current.preempt_deadline,
+            )
 
     def _record_start(self, started: float) -> None:
         from gpuclaim.core.model import iso

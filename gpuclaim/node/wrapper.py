@@ -113,8 +113,12 @@ class Wrapper(RankRecord):
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # indices as nvidia-smi numbers them
                 "GPUCLAIM_JOB": self.job.name,
                 "GPUCLAIM_JOB_ID": self.job.id,
+                "GPUCLAIM_RESTART_COUNT": str(self.job.restarts),
             }
         )
+        if self.job.preemptible:
+            env["GPUCLAIM_PREEMPT_GRACE"] = f"{float(self.spec['preempt_grace_s']):g}"
+            env["GPUCLAIM_PREEMPT_DEADLINE"] = str(self.deadline_path)
         env.update({k: str(v) for k, v in self.spec["gang"].items()})
         return env, None
 
@@ -148,6 +152,32 @@ class Wrapper(RankRecord):
             self.store.update_job(job_id=self.job.id, changes={"port": port})
             return [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}"]
         return list(self.job.argv)
+
+    @property
+    def deadline_path(self) -> Path:
+        """Written when the job is asked to yield: when its grace ends (epoch seconds)."""
+        return self.log_path.with_name(self.log_path.name + ".preempt-deadline")
+
+    def _begin_yielding(self, log: Any) -> float:
+        """Preempted: tell the job by when (the file), send its signal; the grace left."""
+        deadline = self.job.preempt_deadline
+        try:
+            left = max(0.0, deadline - self.store.now()) if deadline is not None else 0.0
+        except GpuclaimError:
+            left = float(self.spec["preempt_grace_s"])
+        try:
+            self.deadline_path.write_text(f"{time.time() + left:.3f}\n", encoding="utf-8")
+        except OSError:
+            pass  # the signal still says it
+        name = self.job.preempt_signal
+        sig = getattr(signal, f"SIG{name}", None) or signal.SIGUSR1
+        by = self.job.preempted_by or "someone"
+        log.write(
+            f"\ngpuclaim: preempted (its GPUs go to {by}): SIG{name} now, "
+            f"SIGTERM in {left:.0f}s unless it ends\n".encode()
+        )
+        self._signal(sig)
+        return left
 
     @property
     def run_dir(self) -> str:
@@ -195,6 +225,7 @@ class Wrapper(RankRecord):
         next_sample = time.monotonic() + self.sample_s
         next_check = time.monotonic() + 1.0
         stop_sent: Optional[float] = None
+        yield_until: Optional[float] = None  # preempted: the end of its grace
         while True:
             try:
                 self.child.wait(timeout=POLL_S)
@@ -207,7 +238,9 @@ class Wrapper(RankRecord):
             if now > next_check:
                 next_check = now + 1.0
                 self._check_stop_request()
-            if self.stop_reason is not None:
+            if self.stop_reason == JobState.PREEMPTED and yield_until is None:
+                yield_until = now + self._begin_yielding(log)
+            if self.stop_reason is not None and (yield_until is None or now >= yield_until):
                 if stop_sent is None:
                     stop_sent = now
                     log.write(f"\ngpuclaim: stopping ({self.stop_reason}): SIGTERM\n".encode())
@@ -231,6 +264,9 @@ class Wrapper(RankRecord):
         exit_code = code if code >= 0 else 128 - code
         if self.stop_reason == JobState.TIMEOUT:
             return self._finish(JobState.TIMEOUT, exit_code, "time limit reached")
+        if self.stop_reason == JobState.PREEMPTED:
+            by = self.job.preempted_by or "someone"
+            return self._finish(JobState.PREEMPTED, exit_code, f"yielded its GPUs to {by}")
         if self.stop_reason is not None:
             reason = self.job.stop_requested or JobState.KILLED.value
             return self._finish(JobState.KILLED, exit_code, reason)

@@ -75,7 +75,8 @@ class BookingsPart(ClaimsPart):
 
     def book(self, booking: Booking) -> None:
         """Publish a booking unless one of another booking or a live claim of someone else
-        overlaps it; ConflictError names what is in the way."""
+        overlaps it (a preemptible job's claim does not count: it yields when the owner
+        claims); ConflictError names what is in the way."""
         self._ensure_bookings_dir()
         with self._gpu_locks(booking.uuids):
             for theirs in self.bookings():
@@ -97,8 +98,8 @@ class BookingsPart(ClaimsPart):
         blocking = []
         for status in snap.claims.values():
             c = status.claim
-            if status.state != GpuState.CLAIMED or c.user == booking.user:
-                continue
+            if status.state != GpuState.CLAIMED or c.user == booking.user or c.preemptible:
+                continue  # a preemptible job's claim is no obstacle: it yields when asked
             if set(c.uuids) & set(booking.uuids) and c.expires > booking.start:
                 blocking.append(c)
         if not blocking:
@@ -140,6 +141,17 @@ class BookingsPart(ClaimsPart):
                 _discard(staged)
             _unlink_quiet(self._p(BOOKINGS_DIR, f"{booking_id}.json"))
             return EndedBooking.from_record(record) if won else None
+
+    def drop_booking(self, booking_id: str) -> bool:
+        """Remove a live booking without a trace (a hand-over, done with); False if gone."""
+        with self.gpu_lock(f"booking-{booking_id}"):
+            try:
+                os.unlink(self._p(BOOKINGS_DIR, f"{booking_id}.json"))
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise storage_error(self.root, exc) from exc
+            return True
 
     def ended_bookings(self) -> list[EndedBooking]:
         """Every ended booking, with when and why (a damaged file is skipped)."""

@@ -25,6 +25,7 @@ from gpuclaim.engine.job_watch import (
     KILLED_EXIT,
     LOST_EXIT,
     NEVER_RAN_EXIT,
+    PREEMPTED_EXIT,
     TIMEOUT_EXIT,
     exit_code,
     exit_code_of,
@@ -43,12 +44,14 @@ EXIT_CODES = {
     JobState.TIMEOUT: TIMEOUT_EXIT,
     JobState.LOST: LOST_EXIT,
     JobState.CANCELLED: NEVER_RAN_EXIT,
+    JobState.PREEMPTED: PREEMPTED_EXIT,
 }
 ICONS = {
     JobState.SUCCEEDED: "✅",
     JobState.FAILED: "❌",
     JobState.TIMEOUT: "⏱",
     JobState.KILLED: "🛑",
+    JobState.PREEMPTED: "⏏",
     JobState.LOST: "•",
     JobState.CANCELLED: "•",
     JobState.QUEUED: "•",

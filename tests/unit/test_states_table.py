@@ -30,7 +30,8 @@ REFUSED = [
     ("killed", "queued"),
     ("cancelled", "running"),
     ("timeout", "failed"),
-    ("running", "queued"),  # nothing goes back to the queue (yet: [fair] adds preemption)
+    ("running", "queued"),  # nothing goes back: a requeued preempted job is a new record
+    ("preempted", "queued"),
     ("starting", "queued"),
     ("running", "starting"),
     ("running", "cancelled"),  # cancelled means it never ran
@@ -48,7 +49,9 @@ ALLOWED = [
     ("running", "lost"),
     ("running", "running"),  # a gang's second rank: the job already runs
     ("succeeded", "succeeded"),
-    ("preempted", "queued"),  # a state of a newer gpuclaim is not judged here
+    ("running", "preempted"),  # a --preemptible job yielded its GPUs
+    ("starting", "preempted"),
+    ("paused", "queued"),  # a state of a newer gpuclaim is not judged here
 ]
 
 

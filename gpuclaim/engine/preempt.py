@@ -1,0 +1,250 @@
+"""Preemption: a claim that needs GPUs held by preemptible jobs (``run --preemptible``).
+
+The claimer picks the fewest, most recently started preemptible jobs whose GPUs make its claim
+fit, and *books* those GPUs (with any free ones it needs) for itself for the moment of the
+hand-over: ``store.book`` makes one of two racing claimers the owner and refuses the other, and
+a booking keeps every other claim, run and queued job off its GPUs meanwhile. Then it asks the
+jobs to yield (their wrappers read the request within a second: the job's signal, the grace,
+SIGTERM, ``kill_grace``, SIGKILL), waits for their claims to go, claims exactly those GPUs
+inside its own booking, and drops the booking. A claimer that dies while waiting leaves a
+booking that ends by itself moments later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from gpuclaim.core.booking import Booking
+from gpuclaim.core.config import Config
+from gpuclaim.core.durations import format_duration
+from gpuclaim.core.errors import ConflictError, GpuclaimError, StoreError
+from gpuclaim.core.identity import this_host
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType, Job, iso
+from gpuclaim.core.states import GpuState, started
+from gpuclaim.engine.bookings import blocking, new_booking_id
+from gpuclaim.engine.cluster import ClusterView, GpuRow
+from gpuclaim.engine.placement import (
+    ClaimRequest,
+    bookings_against,
+    candidate_nodes,
+    usable_rows,
+)
+from gpuclaim.store import Store
+
+PREEMPT_REQUEST = "preempt"  # a job's stop_requested when it is asked to yield
+YIELD_SLACK_S = 15.0  # past grace + kill_grace: the wrapper's poll, its end written, NFS
+POLL_S = 0.25
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Where a claim fits once ``victims`` yield: ``rows`` are the GPUs it gets (free ones
+    and the victims')."""
+
+    node: str
+    rows: tuple[GpuRow, ...]
+    victims: tuple[Claim, ...]
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(sorted(r.index or 0 for r in self.rows))
+
+
+def yieldable(row: GpuRow, req: ClaimRequest) -> bool:
+    """Held by a preemptible job that ``req`` may preempt (preemptible work preempts nobody)."""
+    c = row.claim
+    return (
+        not req.preemptible
+        and row.state == GpuState.CLAIMED
+        and c is not None
+        and c.preemptible
+        and c.job is not None
+    )
+
+
+def find_handover(
+    config: Config, view: ClusterView, req: ClaimRequest, duration: float
+) -> Optional[Handover]:
+    """The hand-over that makes ``req`` fit, preempting the fewest jobs (the most recently
+    started first); None when even that would not (or ``req`` may preempt nobody)."""
+    if req.preemptible or req.adopt:
+        return None
+    if req.exact:
+        return _exact(view, req, duration)
+    now = view.snapshot.now
+    until = now + duration
+    against = bookings_against(req, view.snapshot.bookings)
+    best: Optional[tuple[tuple[int, int], Handover]] = None
+    for order, node in enumerate(n.name for n in candidate_nodes(config, req)):
+        if node in view.unreachable or node in view.drains:
+            continue
+        free = usable_rows(view, node, req, until)
+        need = req.count - len(free)
+        if need <= 0:
+            continue
+        held: dict[str, list[GpuRow]] = {}
+        for r in view.gpus_of(node):
+            if yieldable(r, req) and blocking(against, r.uuid or "", req.user, now, until) is None:
+                assert r.claim is not None
+                held.setdefault(r.claim.id, []).append(r)
+        # Fewest victims: the biggest first; among equals, the most recently started.
+        ranked = sorted(held.values(), key=lambda rs: (-len(rs), -_since(rs)))
+        victims: list[Claim] = []
+        got: list[GpuRow] = []
+        for rows in ranked:
+            if len(got) >= need:
+                break
+            assert rows[0].claim is not None
+            victims.append(rows[0].claim)
+            got.extend(sorted(rows, key=lambda r: r.index or 0))
+        if len(got) < need:
+            continue
+        handover = Handover(node, tuple(free) + tuple(got[:need]), tuple(victims))
+        key = (len(victims), order)
+        if best is None or key < best[0]:
+            best = (key, handover)
+    return best[1] if best else None
+
+
+def _since(rows: list[GpuRow]) -> float:
+    return rows[0].claim.since if rows[0].claim is not None else 0.0
+
+
+def _exact(view: ClusterView, req: ClaimRequest, duration: float) -> Optional[Handover]:
+    node, indices = req.exact[0]
+    if node in view.unreachable or node in view.drains:
+        return None
+    now = view.snapshot.now
+    until = now + duration
+    against = bookings_against(req, view.snapshot.bookings)
+    by_index = {r.index: r for r in view.gpus_of(node)}
+    usable = {r.index for r in usable_rows(view, node, req, until)}
+    rows: list[GpuRow] = []
+    victims: dict[str, Claim] = {}
+    for index in indices:
+        row = by_index.get(index)
+        if row is None:
+            return None
+        if yieldable(row, req):
+            if blocking(against, row.uuid or "", req.user, now, until) is not None:
+                return None
+            assert row.claim is not None
+            victims[row.claim.id] = row.claim
+        elif index not in usable:
+            return None
+        rows.append(row)
+    if not victims:
+        return None
+    return Handover(node, tuple(rows), tuple(victims.values()))
+
+
+def hand_over(
+    config: Config, store: Store, req: ClaimRequest, handover: Handover, say: Say
+) -> Booking:
+    """Book ``handover``'s GPUs for ``req.user``, ask its victims to yield and wait until their
+    claims are gone; the booking is the caller's to drop once it claimed. ConflictError: the
+    GPUs went to someone else first, or the jobs did not yield in time."""
+    grace = config.queue.preempt_grace_s
+    budget = grace + config.limits.kill_grace_s + YIELD_SLACK_S
+    now = store.now()
+    jobs = {c.id: store.load_job(job_id=c.job or "") for c in handover.victims}
+    who = _names(handover.victims, jobs)
+    booking = Booking(
+        id=new_booking_id(),
+        user=req.user,
+        node=handover.node,
+        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in handover.rows),
+        start=now,
+        end=now + budget,
+        note=f"hand-over: {who} yield to {req.user}",
+        created=now,
+        host=this_host(),
+        used=now,  # its owner is here: never a no-show
+        handover=True,
+    )
+    store.book(booking)
+    try:
+        deadline = now + grace
+        for claim in handover.victims:
+            _ask_to_yield(store, claim, jobs.get(claim.id), req.user, deadline, now)
+        gpus = ",".join(map(str, _victim_indices(handover)))
+        say(f"waiting up to {format_duration(grace)} for {who} to yield {handover.node} GPU {gpus}")
+        _wait_until_gone(store, handover, now + budget, f"{who} did not yield within {budget:.0f}s")
+    except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the booking ends
+        with contextlib.suppress(GpuclaimError):
+            store.drop_booking(booking.id)
+        raise
+    return booking
+
+
+def _names(victims: Sequence[Claim], jobs: dict[str, Optional[Job]]) -> str:
+    names = []
+    for c in victims:
+        job = jobs.get(c.id)
+        names.append(f"{c.user}'s {job.name if job else c.job}")
+    return ", ".join(names)
+
+
+def _victim_indices(handover: Handover) -> list[int]:
+    ids = {c.id for c in handover.victims}
+    return sorted(r.index or 0 for r in handover.rows if r.claim is not None and r.claim.id in ids)
+
+
+def _ask_to_yield(
+    store: Store, claim: Claim, job: Optional[Job], by: str, deadline: float, now: float
+) -> None:
+    """Tell the job's wrappers to yield by ``deadline`` (they read it within a second), and
+    log it once: the Slack line, the accounting. A job already stopping is left to stop."""
+    if job is None or job.stop_requested or not started(job.state):
+        return
+    store.update_job(
+        job_id=job.id,
+        changes={
+            "stop_requested": PREEMPT_REQUEST,
+            "preempted_by": by,
+            "preempt_deadline": iso(deadline),
+        },
+        only_from=[job.state],
+    )
+    store.append_event(
+        Event(
+            ts=now,
+            type=EventType.PREEMPT,
+            user=claim.user,
+            claim_id=claim.id,
+            node=claim.node,
+            gpus=tuple(claim.indices),
+            gpu_uuids=tuple(claim.uuids),
+            since=claim.since,
+            by=by,
+            extra={"job": job.name, "job_id": job.id, "requeue": job.requeue},
+        )
+    )
+
+
+def _wait_until_gone(store: Store, handover: Handover, until: float, late: str) -> None:
+    ids = {c.id for c in handover.victims}
+    while True:
+        try:
+            snap = store.snapshot()
+        except StoreError:
+            snap = None  # a storage hiccup: look again
+        if snap is not None:
+            held = [
+                cid
+                for cid in ids
+                if cid in snap.claims and snap.claims[cid].state == GpuState.CLAIMED
+            ]
+            if not held:
+                return
+            if snap.now > until:
+                raise ConflictError(
+                    late, hint="their wrappers may be gone: 'gpuclaim gc' collects lost jobs"
+                )
+        time.sleep(POLL_S)
