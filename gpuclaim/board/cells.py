@@ -314,6 +314,8 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
     if claim is not None:
         mine = claim.user == ctx.me
         cells["holder"] = Text(claim.user, style="bold cyan" if mine else "")
+        if claim.preemptible:  # it yields to anyone's claim: say so where the name is
+            cells["holder"].append(" ⏏", style="blue")
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
         cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)

@@ -172,6 +172,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
             if left > 0
             else (", job's time up" if claim.job else ", expired"),
             f" · claim {claim.id} (GPUs {','.join(map(str, claim.indices))})",
+            " · preemptible: yields to any claim" if claim.preemptible else "",
         )
         if claim.job:
             line.append(" · job ")

@@ -48,6 +48,8 @@ def _status_cells(
     if row.node in view.drains and row.state == GpuState.FREE:
         state = Text("free (drained)", style=face_style(FaceState.DRAINED))
     holder = row.claim.user if row.claim else ""
+    if row.claim is not None and row.claim.preemptible and row.state == GpuState.CLAIMED:
+        state = Text(f"{row.state} (preemptible)", style=style_of_face(row.state))
     left = _left(row.claim, now) if row.claim else ""
     note = ""
     if row.claim is not None:

@@ -40,7 +40,14 @@ from gpuclaim.engine.placement import (
     pick_free,
     usable_rows,
 )
-from gpuclaim.engine.preempt import Handover, Say, find_handover, hand_over, yieldable
+from gpuclaim.engine.preempt import (
+    Handover,
+    HandoverLost,
+    Say,
+    find_handover,
+    hand_over,
+    yieldable,
+)
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
@@ -119,7 +126,13 @@ def claim_gpus(
             handover = find_handover(config, view, req, duration) if say else None
             if handover is None or say is None:
                 raise
-            return _claim_handed_over(config, store, req, prober, handover, say)
+            try:
+                return _claim_handed_over(config, store, req, prober, handover, say)
+            except HandoverLost:
+                if attempt == RACE_RETRIES - 1:
+                    raise
+                view = build_view(config, store, nodes, view.inventories)  # the winner's too
+                continue
         _reap_stale(store, view, rows, req.user)
         now = store.now()
         expires = min(hold_until(r, req, now, now + duration) for r in rows)

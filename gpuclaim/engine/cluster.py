@@ -315,6 +315,7 @@ def _claim_dict(claim: Optional[Claim]) -> Optional[dict[str, Any]]:
         "since": iso(claim.since),
         "expires": iso(claim.expires),
         "note": claim.note,
+        "preemptible": claim.preemptible,
     }
 
 

@@ -42,6 +42,10 @@ POLL_S = 0.25
 Say = Callable[[str], None]
 
 
+class HandoverLost(ConflictError):
+    """Someone else's hand-over (or booking, or claim) took the GPUs first: look again."""
+
+
 @dataclass(frozen=True)
 class Handover:
     """Where a claim fits once ``victims`` yield: ``rows`` are the GPUs it gets (free ones
@@ -168,7 +172,10 @@ def hand_over(
         used=now,  # its owner is here: never a no-show
         handover=True,
     )
-    store.book(booking)
+    try:
+        store.book(booking)
+    except ConflictError as exc:
+        raise HandoverLost(f"another claim got there first: {exc.message}") from None
     try:
         deadline = now + grace
         for claim in handover.victims:

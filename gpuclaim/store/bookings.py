@@ -80,6 +80,8 @@ class BookingsPart(ClaimsPart):
         self._ensure_bookings_dir()
         with self._gpu_locks(booking.uuids):
             for theirs in self.bookings():
+                if booking.handover and theirs.user == booking.user and not theirs.handover:
+                    continue  # the owner of a booking claiming in it: the hand-over is theirs
                 if theirs.shares_gpus(booking.uuids) and theirs.overlaps(
                     booking.start, booking.end
                 ):
