@@ -173,6 +173,43 @@ def test_without_requeue_a_stubborn_job_gets_term_after_the_grace_and_ends_preem
     c.ok("kill", "eval", user="bob")
 
 
+def test_a_queued_job_makes_preemptible_work_yield_and_starts_when_it_did(
+    make_testbed, make_remote, tmp_path
+):
+    tb = make_testbed(1, gpus=2)
+    c = make_remote(tb, kill_grace="2s", heartbeat="1s", extra_toml=_grace(4))
+    out = tmp_path / "out"
+    out.mkdir()
+    c.ok(
+        "run",
+        "-n",
+        "2",
+        "--preemptible",
+        "--name",
+        "scav",
+        "--",
+        "python3",
+        "-c",
+        SCAV,
+        str(out),
+        "300",
+    )
+    _running(c, 1)
+    time.sleep(0.5)  # its handler is set
+    bob = c.json("run", "--queue", "--name", "eval", "--", "sleep", "60", user="bob")
+    assert bob["state"] == "queued"  # nobody waits on the laptop: the queue hands it over
+    t0 = time.monotonic()
+    jobs = _wait_stored(
+        c, lambda js: any(j["name"] == "eval" and j["state"] == "running" for j in js), 20
+    )
+    print(f"bob's queued job started {time.monotonic() - t0:.1f} s after it was queued")
+    by_name = {j["name"]: j for j in jobs}
+    assert by_name["scav"]["state"] == "preempted"
+    assert [r["how"] for r in _records(out)] == ["signal"]
+    assert c.json("reserve", "--list", "--all", user="bob") == []  # the hand-over is gone
+    c.ok("kill", "eval", user="bob")
+
+
 def test_preemptible_work_uses_a_booking_until_its_owner_claims(make_testbed, make_remote):
     tb = make_testbed(1, gpus=2)
     c = make_remote(tb, kill_grace="2s", heartbeat="1s", extra_toml=_grace(2))

@@ -28,6 +28,7 @@ class Interval:
     open: bool  # still held now
     note: str = ""
     job: str = ""  # the job's name, for a job's claim
+    preemptible: bool = False  # a run --preemptible job's: scavenged, accounted apart
 
     @property
     def gpu_hours(self) -> float:
@@ -52,6 +53,7 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
             False,
             str(ev.extra.get("note") or ""),
             _job_of(str(ev.extra.get("note") or "")),
+            bool(ev.extra.get("preemptible", False)),
         )
     if snap is not None:
         for cid, status in snap.claims.items():
@@ -60,7 +62,16 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
             c = status.claim
             end = min(snap.now, c.expires)
             intervals[cid] = Interval(
-                cid, c.user, c.node, len(c.gpus), c.since, end, True, c.note, _job_of(c.note)
+                cid,
+                c.user,
+                c.node,
+                len(c.gpus),
+                c.since,
+                end,
+                True,
+                c.note,
+                _job_of(c.note),
+                c.preemptible,
             )
     return sorted(intervals.values(), key=lambda i: i.start)
 
@@ -79,7 +90,8 @@ def summarize(
     usage: Optional[dict[str, UsageSummary]] = None,
 ) -> list[dict[str, Any]]:
     """GPU-hours grouped ``by`` user, node or (UTC) day, clipped to [since, until], with the
-    part of them the GPUs were actually busy where utilisation was sampled."""
+    part of them the GPUs were actually busy where utilisation was sampled, and the part
+    that preemptible jobs used (scavenged: idle GPUs that yielded to anyone who came)."""
     if by not in GROUPINGS:
         raise ValueError(f"group by one of {GROUPINGS}")
     totals: dict[str, dict[str, Any]] = {}
@@ -92,10 +104,20 @@ def summarize(
             continue
         for key, seg_start, seg_end in _segments(iv, by, start, end):
             row = totals.setdefault(
-                key, {by: key, "gpu_hours": 0.0, "claims": set(), "busy": 0.0, "measured": 0.0}
+                key,
+                {
+                    by: key,
+                    "gpu_hours": 0.0,
+                    "claims": set(),
+                    "busy": 0.0,
+                    "measured": 0.0,
+                    "preemptible": 0.0,
+                },
             )
             hours = iv.gpus * (seg_end - seg_start) / 3600.0
             row["gpu_hours"] += hours
+            if iv.preemptible:
+                row["preemptible"] += hours
             row["claims"].add(iv.claim_id)
             fraction = _busy_fraction((usage or {}).get(iv.claim_id))
             if fraction is not None:
@@ -108,6 +130,7 @@ def summarize(
             {
                 by: key,
                 "gpu_hours": round(row["gpu_hours"], 3),
+                "preemptible_gpu_hours": round(row["preemptible"], 3),
                 "claims": len(row["claims"]),
                 "busy_gpu_hours": round(row["busy"], 3) if row["measured"] else None,
                 "utilization_pct": (
@@ -158,6 +181,7 @@ def interval_dict(iv: Interval) -> dict[str, Any]:
         "end": iso(iv.end),
         "open": iv.open,
         "gpu_hours": round(iv.gpu_hours, 3),
+        "preemptible": iv.preemptible,
         "job": iv.job or None,
         "note": iv.note if iv.note and not iv.job else None,
     }

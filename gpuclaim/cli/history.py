@@ -87,7 +87,7 @@ def _add_bookings(
             continue
         row = by_user.get(who)
         if row is None:
-            row = {"user": who, "gpu_hours": 0.0, "claims": 0}
+            row = {"user": who, "gpu_hours": 0.0, "preemptible_gpu_hours": 0.0, "claims": 0}
             row.update(busy_gpu_hours=None, utilization_pct=None)
             rows.append(row)
         row.update(numbers)

@@ -125,6 +125,9 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     table.add_column("GPU-HOURS", justify="right")
     table.add_column("CLAIMS", justify="right")
     table.add_column("BUSY", justify="right")
+    scavenged = any(row.get("preemptible_gpu_hours") for row in rows)
+    if scavenged:  # preemptible jobs' hours: idle GPUs used, given back when asked
+        table.add_column("PREEMPTIBLE", justify="right")
     booked = any(row.get("booked_gpu_hours") for row in rows)
     if booked:
         table.add_column("BOOKED", justify="right")
@@ -133,6 +136,8 @@ def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:
     for row in rows:
         busy = "" if row.get("utilization_pct") is None else f"{row['utilization_pct']:.0f}%"
         cells = [str(row[by]), f"{row['gpu_hours']:.2f}", str(row["claims"]), busy]
+        if scavenged:
+            cells.append(f"{row.get('preemptible_gpu_hours', 0):.2f}")
         if booked:
             cells += [
                 f"{row.get('booked_gpu_hours', 0):.2f}",

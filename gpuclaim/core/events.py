@@ -22,7 +22,10 @@ def claim_event(
         expires=claim.expires,
         by=by,
         reason=reason,
-        extra={"note": claim.note} if claim.note else {},
+        extra={
+            **({"note": claim.note} if claim.note else {}),
+            **({"preemptible": True} if claim.preemptible else {}),
+        },
     )
 
 

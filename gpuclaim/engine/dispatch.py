@@ -35,6 +35,7 @@ from gpuclaim.engine.depends import BROKEN, WAITING, judge
 from gpuclaim.engine.fairshare import use_by_user
 from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, place_and_claim, start_ranks
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
+from gpuclaim.engine.preempt import begin_handover, end_handovers, find_handover, yielding_to
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
 from gpuclaim.engine.queue_reasons import Reason
 from gpuclaim.store import Snapshot, Store
@@ -205,7 +206,8 @@ class _Pass:
         }
         fit = [n for n, count in free.items() if count >= job.gpus_per_node]
         if len(fit) < job.nodes_wanted:
-            return self._waits(job, nodes, reasons.resources(self.view, job, free, until))
+            short = self._preempt_for(job, nodes, until - self.now)
+            return self._waits(job, nodes, short or reasons.resources(self.view, job, free, until))
         own = _booked_room(self.view, job)  # its owner's open booking delays nobody
         blockers = {n: self.plan.blocker(n, job.gpus_per_node, until) for n in fit}
         allowed = [n for n in fit if n in own or blockers[n] is None]
@@ -216,6 +218,32 @@ class _Pass:
         if failed is not None:
             return self._waits(job, nodes, failed)
         return None
+
+    def _preempt_for(self, job: Job, nodes: list[str], duration: float) -> Optional[Reason]:
+        """GPUs that preemptible jobs hold make it fit: ask them to yield, with the GPUs
+        booked for its owner meanwhile (their wrappers' dispatch starts it once they ended);
+        why it waits then. None: preempting would not make it fit (or it preempts nobody)."""
+        if job.preemptible or job.nodes_wanted != 1 or job.reservation:
+            return None
+        under_way = yielding_to(self.view.snapshot.bookings, job.user, nodes)
+        if under_way is not None:
+            gpus = ",".join(map(str, under_way.indices))
+            return Reason(
+                ReasonCode.RESOURCES,
+                f"preemptible jobs yield {under_way.node} GPU {gpus} to {job.user}",
+            )
+        req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node)
+        handover = find_handover(self.config, self.view, req, duration)
+        if handover is None:
+            return None
+        try:
+            _, who = begin_handover(self.config, self.store, req, handover)
+        except GpuclaimError:
+            return None  # another pass or claim got there first: judged again next time
+        gpus = ",".join(map(str, handover.indices))
+        return Reason(
+            ReasonCode.RESOURCES, f"waiting for {who} to yield {handover.node} GPU {gpus}"
+        )
 
     def _may_run(self, entry: QueueEntry, job: Job) -> Optional[Reason]:
         """Its dependencies, booking and limits; cancels it when it never can run."""
@@ -266,6 +294,7 @@ class _Pass:
         except GpuclaimError:
             store.return_queue_entry(name=entry.name)
             raise
+        end_handovers(store, job.user, [u for r in ranks for u in r.gpu_uuids])
         over = self._over_a_limit(job)
         if over is not None:
             # Another dispatcher started one at the same moment: each claims, then counts,
@@ -331,9 +360,11 @@ class _Pass:
         return max(ahead, 1)
 
     def _nothing_free(self) -> bool:
-        """No GPU free on any node this pass may use: nothing more can start."""
+        """No GPU free on any node this pass may use: nothing more can start (a GPU that
+        a preemptible job holds counts as free: a queued job may make it yield)."""
         return not any(
             r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED)
+            or (r.claim is not None and r.claim.preemptible and r.state == GpuState.CLAIMED)
             for r in self.view.rows
             if r.node not in self.view.drains
         )

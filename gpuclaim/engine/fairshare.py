@@ -25,13 +25,15 @@ REMEMBERED_ENDS = 4096  # claim ids folded lately: a second end record of one is
 
 
 def use_by_user(config: Config, store: Store, snap: Snapshot) -> dict[str, float]:
-    """Decayed GPU-seconds per user as of ``snap.now``: ended claims, then the held ones."""
+    """Decayed GPU-seconds per user as of ``snap.now``: ended claims, then the held ones.
+    Preemptible work is not counted (SLURM's scavenger QOS, ``UsageFactor=0``): it used GPUs
+    nobody wanted and gave them back when asked."""
     half_life = config.queue.half_life_s
     now = snap.now
     kept = _fold_ended(store, half_life, now)
     use = dict(kept)
     for status in snap.claims.values():
-        if status.state != GpuState.CLAIMED:
+        if status.state != GpuState.CLAIMED or status.claim.preemptible:
             continue
         c = status.claim
         held = decayed_gpu_seconds(len(c.gpus), c.since, min(now, c.expires), now, half_life)
@@ -59,6 +61,8 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
             event = _event(line)
             if event is None or event.type not in END_EVENTS or event.since is None:
                 continue
+            if event.extra.get("preemptible"):
+                continue  # scavenged: see use_by_user
             if event.claim_id in counted:
                 continue
             counted.add(event.claim_id or "")

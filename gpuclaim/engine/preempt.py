@@ -153,7 +153,27 @@ def hand_over(
 ) -> Booking:
     """Book ``handover``'s GPUs for ``req.user``, ask its victims to yield and wait until their
     claims are gone; the booking is the caller's to drop once it claimed. ConflictError: the
-    GPUs went to someone else first, or the jobs did not yield in time."""
+    GPUs went to someone else first (HandoverLost), or the jobs did not yield in time."""
+    booking, who = begin_handover(config, store, req, handover)
+    try:
+        gpus = ",".join(map(str, _victim_indices(handover)))
+        grace = format_duration(config.queue.preempt_grace_s)
+        say(f"waiting up to {grace} for {who} to yield {handover.node} GPU {gpus}")
+        late = f"{who} did not yield within {booking.end - booking.start:.0f}s"
+        _wait_until_gone(store, handover, booking.end, late)
+    except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the booking ends
+        with contextlib.suppress(GpuclaimError):
+            store.drop_booking(booking.id)
+        raise
+    return booking
+
+
+def begin_handover(
+    config: Config, store: Store, req: ClaimRequest, handover: Handover
+) -> tuple[Booking, str]:
+    """Book ``handover``'s GPUs for ``req.user`` for as long as yielding may take, and ask
+    its victims to yield; the booking and who yields ("alice's scav[3]"). HandoverLost: the
+    GPUs went to someone else first."""
     grace = config.queue.preempt_grace_s
     budget = grace + config.limits.kill_grace_s + YIELD_SLACK_S
     now = store.now()
@@ -177,17 +197,26 @@ def hand_over(
     except ConflictError as exc:
         raise HandoverLost(f"another claim got there first: {exc.message}") from None
     try:
-        deadline = now + grace
         for claim in handover.victims:
-            _ask_to_yield(store, claim, jobs.get(claim.id), req.user, deadline, now)
-        gpus = ",".join(map(str, _victim_indices(handover)))
-        say(f"waiting up to {format_duration(grace)} for {who} to yield {handover.node} GPU {gpus}")
-        _wait_until_gone(store, handover, now + budget, f"{who} did not yield within {budget:.0f}s")
-    except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the booking ends
+            _ask_to_yield(store, claim, jobs.get(claim.id), req.user, now + grace, now)
+    except BaseException:
         with contextlib.suppress(GpuclaimError):
             store.drop_booking(booking.id)
         raise
-    return booking
+    return booking, who
+
+
+def yielding_to(bookings: Sequence[Booking], user: str, nodes: Sequence[str]) -> Optional[Booking]:
+    """A hand-over under way for ``user`` on one of ``nodes`` (a queued job's, from a pass)."""
+    return next((b for b in bookings if b.handover and b.user == user and b.node in nodes), None)
+
+
+def end_handovers(store: Store, user: str, uuids: Sequence[str]) -> None:
+    """``user`` now holds these GPUs: the hand-overs that kept them are done."""
+    for b in store.bookings():
+        if b.handover and b.user == user and b.shares_gpus(uuids):
+            with contextlib.suppress(GpuclaimError):
+                store.drop_booking(b.id)
 
 
 def _names(victims: Sequence[Claim], jobs: dict[str, Optional[Job]]) -> str:
