@@ -344,6 +344,21 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'multiple': False,
                                    'help': 'Queue it until then: 22:00, tomorrow 09:00, Thu 18:00, '
                                            '+2h, 2026-12-24T08:00.'},
+                                  {'names': ['--preemptible'],
+                                   'value': None,
+                                   'multiple': False,
+                                   'help': 'Scavenge idle GPUs: yield them (signal, grace, TERM) '
+                                           'when anyone else needs them.'},
+                                  {'names': ['--requeue'],
+                                   'value': None,
+                                   'multiple': False,
+                                   'help': 'With --preemptible: when preempted, back to the queue '
+                                           'to run again.'},
+                                  {'names': ['--preempt-signal'],
+                                   'value': 'signals',
+                                   'multiple': False,
+                                   'help': 'With --preemptible: the signal that asks it to save '
+                                           'and yield (default USR1).'},
                                   {'names': ['--json'],
                                    'value': None,
                                    'multiple': False,

@@ -79,6 +79,12 @@ def grouping_values(config: Optional[str]) -> list[tuple[str, str]]:
     return [("user", ""), ("node", ""), ("day", "")]  # history --by (history.GROUPINGS)
 
 
+def signal_values(config: Optional[str]) -> list[tuple[str, str]]:
+    from gpuclaim.core.model import PREEMPT_SIGNALS  # run --preempt-signal
+
+    return [(s, "the default" if s == "USR1" else "") for s in PREEMPT_SIGNALS]
+
+
 SOURCES: dict[str, Callable[[Optional[str]], list[tuple[str, str]]]] = {
     "nodes": node_values,
     "jobs": _cached_values("jobs"),
@@ -86,6 +92,7 @@ SOURCES: dict[str, Callable[[Optional[str]], list[tuple[str, str]]]] = {
     "reservations": _cached_values("reservations"),
     "users": _cached_values("users"),
     "groupings": grouping_values,
+    "signals": signal_values,
 }
 
 
@@ -240,3 +247,4 @@ complete_claims = _typer_completer("claims")
 complete_reservations = _typer_completer("reservations")
 complete_users = _typer_completer("users")
 complete_groupings = _typer_completer("groupings")
+complete_signals = _typer_completer("signals")

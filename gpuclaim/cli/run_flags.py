@@ -159,6 +159,7 @@ PreemptSignal = Annotated[
         "--preempt-signal",
         metavar="SIG",
         help="With --preemptible: the signal that asks it to save and yield (default USR1).",
+        autocompletion=completion.complete_signals,
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
@@ -259,13 +260,11 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
     )
 
 
-# What a job may be asked to yield with: the catchable signals of every POSIX system.
-PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "WINCH", "URG", "CONT")
-
-
 def signal_name(text: str) -> str:
     """``SIGUSR1``, ``usr1``, ``10`` -> ``USR1``; anything else is a usage error."""
     import signal
+
+    from gpuclaim.core.model import PREEMPT_SIGNALS
 
     word = text.strip().upper()
     word = word[3:] if word.startswith("SIG") else word

@@ -358,6 +358,11 @@ class Dependency:
         )
 
 
+# What a preemptible job may be asked to yield with (run --preempt-signal): the catchable
+# signals every POSIX system has, named without SIG.
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "WINCH", "URG", "CONT")
+
+
 @dataclass(frozen=True)
 class Job:
     """A command run in tmux on one or more nodes with pinned GPUs (or waiting in the queue)."""
