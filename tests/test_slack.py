@@ -315,3 +315,19 @@ def test_ssh_storage_delivers_each_message_once_from_racing_commands(testbed, ma
     assert not (root / "notify" / "turn-notify.json").exists()
     assert list((root / "notify").glob("cursor-*.json"))
     assert {cl["id"] for cl in claims} <= {c2["claim"]["id"] for c2 in c.status() if c2["claim"]}
+
+
+def test_a_preemption_is_one_line_and_its_end_no_second(make_cluster, slack):
+    c = make_cluster({"node01": 1}, fast=True, kill_grace="2s", heartbeat="1s")
+    _with_slack(c, slack.url)
+    c.config_path.write_text(c.config_path.read_text() + '\n[queue]\npreempt_grace = "2s"\n')
+    # sleep dies of SIGUSR1 (its default action): it yields at once
+    c.ok("run", "--preemptible", "--requeue", "--name", "scav", "--", "sleep", "300")
+    slack.wait_for("scav started", 1)
+    c.ok("claim", "-n", "1", user="bob")
+    line = "<@U0ALICE>'s preemptible job scav yields node01 GPU 0 to bob and goes back to the queue"
+    slack.wait_for(line, 1)
+    slack.let_late_posts_land()
+    c.ok("status")
+    about = [t for t in slack.texts() if "scav" in t and "started" not in t]
+    assert about == [t for t in slack.texts() if line in t], slack.texts()  # that line, once
