@@ -127,6 +127,8 @@ def test_bobs_claim_gets_the_gpus_alices_scavenger_tasks_yield(testbed, make_rem
             continue
         start, end = parse_iso(j["started"]), parse_iso(j["ended"]) or released_at
         assert end <= bob_since + 0.5 or start >= released_at, (j["name"], j["state"])
+    table = c.ok("jobs", "--all")
+    assert "scav[0-7]" in table and "8 succeeded" in table, table  # the reruns are the tasks
     rows = c.json("jobs", "--all")
     again = [r for r in rows if r["restarts"] == 1]
     assert len(again) == 2 and all(r["preemptible"] and r["state"] == "succeeded" for r in again)
@@ -208,6 +210,39 @@ def test_a_queued_job_makes_preemptible_work_yield_and_starts_when_it_did(
     assert [r["how"] for r in _records(out)] == ["signal"]
     assert c.json("reserve", "--list", "--all", user="bob") == []  # the hand-over is gone
     c.ok("kill", "eval", user="bob")
+
+
+def test_a_job_after_a_requeued_one_waits_for_its_rerun(make_testbed, make_remote, tmp_path):
+    tb = make_testbed(1, gpus=1)
+    c = make_remote(tb, kill_grace="2s", heartbeat="1s", extra_toml=_grace(2))
+    out = tmp_path / "out"
+    out.mkdir()
+    c.ok(
+        "run",
+        "--preemptible",
+        "--requeue",
+        "--name",
+        "prep",
+        "--",
+        "python3",
+        "-c",
+        SCAV,
+        str(out),
+        "300",
+    )
+    _running(c, 1)
+    time.sleep(0.5)  # its handler is set
+    c.ok("run", "--queue", "--after", "prep", "--name", "next", "--", "true")
+    c.ok("claim", "-n", "1", user="bob")
+    rows = {r["name"]: r for r in c.json("jobs", "--all") if r["state"] == "queued"}
+    assert rows["prep"]["restarts"] == 1  # requeued under its name, behind bob's claim
+    assert rows["next"]["reason"] == "Dependency: after prep (queued)", rows["next"]
+    c.ok("release", "--all", user="bob")
+    jobs = _wait_stored(
+        c, lambda js: any(j["name"] == "next" and j["state"] == "succeeded" for j in js), 60
+    )
+    prep = sorted((j for j in jobs if j["name"] == "prep"), key=lambda j: j["restarts"])
+    assert [j["state"] for j in prep] == ["preempted", "succeeded"]
 
 
 def test_preemptible_work_uses_a_booking_until_its_owner_claims(make_testbed, make_remote):

@@ -127,6 +127,8 @@ def grouped_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not array:
             result.append(d)
             continue
+        if d.get("requeued_as"):
+            continue  # a preempted run of a task that runs again: its rerun is the task now
         if array["id"] not in groups:
             groups[array["id"]] = []
             result.append({"_array": array["id"]})

@@ -405,6 +405,7 @@ class Job:
     restarts: int = 0  # how many times it was preempted and requeued before this run
     preempted_by: Optional[str] = None  # who it yielded to, once asked
     preempt_deadline: Optional[float] = None  # when its grace ends (storage clock), once asked
+    requeued_as: Optional[str] = None  # preempted with --requeue: the id of its next run
 
     @property
     def session(self) -> str:
@@ -471,6 +472,7 @@ class Job:
             "restarts": self.restarts,
             "preempted_by": self.preempted_by,
             "preempt_deadline": iso(self.preempt_deadline),
+            "requeued_as": self.requeued_as,
         }
 
     @classmethod
@@ -519,6 +521,7 @@ class Job:
             restarts=int(d.get("restarts") or 0),
             preempted_by=d.get("preempted_by"),
             preempt_deadline=parse_iso(d.get("preempt_deadline")),
+            requeued_as=d.get("requeued_as"),
         )
 
 

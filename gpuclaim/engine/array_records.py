@@ -23,6 +23,24 @@ def task_id(array_id: str, index: int) -> str:
     return f"{array_id}-{index}"
 
 
+MAX_RESTARTS_FOLLOWED = 1000
+
+
+def latest_run(store: Store, job: Job) -> Job:
+    """The job's latest run: a preempted ``--requeue`` job's record names its next run's
+    (an array's task is its index's latest run)."""
+    for _ in range(MAX_RESTARTS_FOLLOWED):
+        if not job.requeued_as:
+            return job
+        nxt = store.load_job(job_id=job.requeued_as)
+        if nxt is None:  # archived a day after it ended
+            nxt = next((j for j in store.archived_jobs() if j.id == job.requeued_as), None)
+        if nxt is None:
+            return job
+        job = nxt
+    return job
+
+
 def array_of_task(job_id: str) -> Optional[str]:
     """The array a job id belongs to ('a-1f2e-7' -> 'a-1f2e'), None for a plain job."""
     if not job_id.startswith(ARRAY_ID_PREFIX) or job_id.count("-") < 2:
@@ -90,6 +108,7 @@ def summarize(store: Store, array_id: str) -> dict[str, Any]:
         task = store.load_job(job_id=task_id(array_id, int(index)))
         if task is None:
             continue
+        task = latest_run(store, task)
         counts[task.state] = counts.get(task.state, 0) + 1
         if task.state != JobState.SUCCEEDED:
             unsuccessful.setdefault(task.state, []).append(int(index))
@@ -119,4 +138,4 @@ def array_tasks(store: Store, record: ArrayRecord) -> list[Job]:
     if any(j is None for j in found.values()):
         archived = {j.id: j for j in store.archived_jobs()}
         found = {i: j if j is not None else archived.get(i) for i, j in found.items()}
-    return [j for j in found.values() if j is not None]
+    return [latest_run(store, j) for j in found.values() if j is not None]

@@ -227,6 +227,7 @@ def _in_the_way(
         if (
             status.state == GpuState.CLAIMED
             and not mine
+            and not c.preemptible  # it yields when the booking's owner claims
             and gpu.uuid in c.uuids
             and c.expires > req.start
         ):

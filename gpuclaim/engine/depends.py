@@ -13,7 +13,7 @@ from gpuclaim.core.errors import UsageError
 from gpuclaim.core.model import Dependency, Job
 from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.states import JobState, ended, ended_badly
-from gpuclaim.engine.array_records import ALL_SUCCEEDED
+from gpuclaim.engine.array_records import ALL_SUCCEEDED, latest_run
 from gpuclaim.engine.job_records import load_archived, load_job_anywhere, load_jobs
 from gpuclaim.store import Store
 
@@ -109,6 +109,7 @@ def _judge_one(store: Store, dep: Dependency) -> tuple[str, str]:
     found = load_job_anywhere(store, dep.id)  # ended long ago: archived
     if found is None:
         return BROKEN, f"job {dep.name} it waited for is gone"
+    found = latest_run(store, found)  # preempted and requeued: its rerun decides
     state = found.state
     if not ended(state):
         return WAITING, f"after {dep.name} ({state})"

@@ -198,7 +198,7 @@ class _Pass:
         if out is not None:
             return out
         until = self.now + job.time_limit_s + CLAIM_MARGIN_S
-        req = ClaimRequest(user=job.user, count=job.gpus_per_node)
+        req = ClaimRequest(user=job.user, count=job.gpus_per_node, preemptible=job.preemptible)
         free = {
             n: len(usable_rows(self.view, n, req, until))
             for n in nodes

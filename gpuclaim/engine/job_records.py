@@ -154,8 +154,11 @@ def requeue(store: Store, job: Job, now: float) -> Optional[Job]:
     new record (the preempted run keeps its own), one restart more. None without --requeue."""
     if not job.requeue:
         return None
+    # An array's task keeps its array's id in its own ('a-1f2e-7r1'): %K, the array's summary
+    # and kill find the rerun as the task.
+    base = job.id.split("r", 1)[0] if job.array is not None else ""
     again = job.with_(
-        id=new_job_id(),
+        id=f"{base}r{job.restarts + 1}" if base else new_job_id(),
         state=JobState.QUEUED,
         submitted=now,
         ranks=(),
@@ -170,6 +173,7 @@ def requeue(store: Store, job: Job, now: float) -> Optional[Job]:
         restarts=job.restarts + 1,
     )
     store.create_job(job=again)
+    store.update_job(job_id=job.id, changes={"requeued_as": again.id})
     store.enqueue(job_id=again.id, user=again.user, nice=again.nice, begin=0.0)
     store.append_event(job_event(EventType.JOB_QUEUED, again, now, {"requeued_from": job.id}))
     return again

@@ -13,8 +13,10 @@ booking that ends by itself moments later.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -97,20 +99,13 @@ def find_handover(
             if yieldable(r, req) and blocking(against, r.uuid or "", req.user, now, until) is None:
                 assert r.claim is not None
                 held.setdefault(r.claim.id, []).append(r)
-        # Fewest victims: the biggest first; among equals, the most recently started.
-        ranked = sorted(held.values(), key=lambda rs: (-len(rs), -_since(rs)))
-        victims: list[Claim] = []
-        got: list[GpuRow] = []
-        for rows in ranked:
-            if len(got) >= need:
-                break
-            assert rows[0].claim is not None
-            victims.append(rows[0].claim)
-            got.extend(sorted(rows, key=lambda r: r.index or 0))
-        if len(got) < need:
+        victims = _fewest_newest(list(held.values()), need)
+        if victims is None:
             continue
-        handover = Handover(node, tuple(free) + tuple(got[:need]), tuple(victims))
-        key = (len(victims), order)
+        got = [r for rows in victims for r in sorted(rows, key=lambda r: r.index or 0)]
+        chosen = tuple(rows[0].claim for rows in victims if rows[0].claim is not None)
+        handover = Handover(node, tuple(free) + tuple(got[:need]), chosen)
+        key = (len(chosen), order)
         if best is None or key < best[0]:
             best = (key, handover)
     return best[1] if best else None
@@ -118,6 +113,34 @@ def find_handover(
 
 def _since(rows: list[GpuRow]) -> float:
     return rows[0].claim.since if rows[0].claim is not None else 0.0
+
+
+MAX_COMBINATIONS = 5000  # victims on one node to weigh every set of; past it, a greedy pick
+
+
+def _fewest_newest(held: list[list[GpuRow]], need: int) -> Optional[list[list[GpuRow]]]:
+    """The victims (each a job's rows) that free ``need`` GPUs: the fewest jobs; among as
+    few, the most recently started (the oldest of them as young as can be), then the fewest
+    GPUs freed beyond the need. None if all of them together free too few."""
+    if sum(len(rows) for rows in held) < need:
+        return None
+    newest_first = sorted(held, key=lambda rs: -_since(rs))
+    for k in range(1, len(held) + 1):
+        if math.comb(len(held), k) > MAX_COMBINATIONS:
+            break
+        fits = [c for c in itertools.combinations(newest_first, k) if _freed(c) >= need]
+        if fits:
+            return list(min(fits, key=lambda c: (-min(_since(rs) for rs in c), _freed(c))))
+    chosen: list[list[GpuRow]] = []  # many small jobs: the newest first until enough
+    for rows in newest_first:
+        chosen.append(rows)
+        if _freed(chosen) >= need:
+            return chosen
+    return None
+
+
+def _freed(victims: Iterable[list[GpuRow]]) -> int:
+    return sum(len(rows) for rows in victims)
 
 
 def _exact(view: ClusterView, req: ClaimRequest, duration: float) -> Optional[Handover]:
