@@ -482,3 +482,17 @@ def test_the_detail_pane_names_the_holder_as_status_and_jobs_do(tmp_path):
     data = _small_board(tmp_path)
     assert "held by alice (you) for 1h10m" in _detail(data, "node01", 0)
     assert "held by bob for 30m" in _detail(data, "node03", 1)
+
+
+def test_a_preemptible_holder_is_marked_on_the_board_and_in_status(make_cluster):
+    c = make_cluster({"bd01": 2}, fast=True)
+    c.ok("run", "--preemptible", "--name", "scav", "--", "sleep", "60")
+    deadline = time.monotonic() + 15
+    while "claimed" not in c.ok("status"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    board = c.ok("board", "--once", "--size", "120x10")
+    line = next(x for x in board.splitlines() if "scav" in x)
+    assert "alice ⏏" in line, board
+    assert "claimed (preemptible)" in c.ok("status")
+    c.ok("kill", "scav")

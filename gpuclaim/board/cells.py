@@ -76,6 +76,14 @@ def face(state: FaceState) -> Face:
     unhandled(state)
 
 
+PREEMPTIBLE_MARK = " ⏏"  # after a holder's name: a preemptible job's, it yields to any claim
+
+
+def holder_label(claim: Claim) -> str:
+    """The holder cell's text: the user, marked when the claim is a preemptible job's."""
+    return claim.user + (PREEMPTIBLE_MARK if claim.preemptible else "")
+
+
 def glyph(state: FaceState) -> str:
     return face(state).glyph
 
@@ -126,7 +134,7 @@ def columns_for(
     """Columns that fit ``width``: details are dropped on narrow terminals, the note column
     takes what is left."""
     node_w = _fit([*node_names, *(r.node for r in rows)], 4, 14)
-    holder_w = _fit([r.claim.user for r in rows if r.claim], 6, 12)
+    holder_w = _fit([holder_label(r.claim) for r in rows if r.claim], 6, 14)
     if compact:
         cols = [Column("node", "NODE", node_w), Column("gpus", "GPUS", 16)]
         cols.append(Column(FREE_COLUMN, "FREE", 5, right=True))
@@ -315,7 +323,7 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         mine = claim.user == ctx.me
         cells["holder"] = Text(claim.user, style="bold cyan" if mine else "")
         if claim.preemptible:  # it yields to anyone's claim: say so where the name is
-            cells["holder"].append(" ⏏", style="blue")
+            cells["holder"].append(PREEMPTIBLE_MARK, style="blue")
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
         cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)

@@ -236,7 +236,8 @@ class Wrapper(RankRecord):
             if self.stop_reason is None and now > deadline:
                 self.stop_reason = JobState.TIMEOUT
             if now > next_check:
-                next_check = now + 1.0
+                # a preemptible job checks twice as often: a claim waits for it to yield
+                next_check = now + (0.5 if self.job.preemptible else 1.0)
                 self._check_stop_request()
             if self.stop_reason == JobState.PREEMPTED and yield_until is None:
                 yield_until = now + self._begin_yielding(log)
