@@ -237,6 +237,8 @@ def test_a_job_after_a_requeued_one_waits_for_its_rerun(make_testbed, make_remot
     rows = {r["name"]: r for r in c.json("jobs", "--all") if r["state"] == "queued"}
     assert rows["prep"]["restarts"] == 1  # requeued under its name, behind bob's claim
     assert rows["next"]["reason"] == "Dependency: after prep (queued)", rows["next"]
+    why = c.ok("why", "prep")
+    assert "1 (preempted, requeued: this is run 2)" in why and "preemptible" in why, why
     c.ok("release", "--all", user="bob")
     jobs = _wait_stored(
         c, lambda js: any(j["name"] == "next" and j["state"] == "succeeded" for j in js), 60

@@ -99,6 +99,8 @@ def _facts(
         "nodes_wanted": job.nodes_wanted,
         "time_limit_s": job.time_limit_s,
         "expected_start": _iso(start),
+        "preemptible": job.preemptible,
+        "restarts": job.restarts,
     }
 
 
@@ -135,7 +137,16 @@ def _print(job: Job, verdict: Verdict, facts: dict[str, Any], start: Optional[fl
             f"waited {format_duration(now - max(job.submitted, job.begin or 0))} of "
             f"{format_duration(parts['max_age_s'])} for the whole {parts['age_weight']:.0f}",
         ),
-        ("needs", _needs(job)),
+        (
+            "needs",
+            _needs(job)
+            + (" (preemptible: yields when anyone needs them)" if job.preemptible else ""),
+        ),
+        *(
+            [("restarts", f"{job.restarts} (preempted, requeued: this is run {job.restarts + 1})")]
+            if job.restarts
+            else []
+        ),
         (
             "expected start",
             format_when(start, now) if start is not None else "unknown (GPUs busy with no end)",

@@ -116,12 +116,7 @@ def claim_gpus(
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         try:
-            if req.adopt:
-                node, rows = pick_adopt(view, req)
-            elif req.exact:
-                node, rows = pick_exact(view, req, duration)
-            else:
-                node, rows = pick_free(config, view, req, duration)
+            node, rows = _pick(config, view, req, duration)
         except ConflictError:
             handover = find_handover(config, view, req, duration) if say else None
             if handover is None or say is None:
@@ -172,6 +167,16 @@ def claim_gpus(
         store.append_event(claim_event(EventType.CLAIM, claim, now))
         return claim
     raise ConflictError("could not claim: other claims kept winning the race; try again")
+
+
+def _pick(
+    config: Config, view: ClusterView, req: ClaimRequest, duration: float
+) -> tuple[str, list[GpuRow]]:
+    if req.adopt:
+        return pick_adopt(view, req)
+    if req.exact:
+        return pick_exact(view, req, duration)
+    return pick_free(config, view, req, duration)
 
 
 def _claim_handed_over(

@@ -261,7 +261,10 @@ class Wrapper(RankRecord):
         self._signal(signal.SIGKILL)  # leftovers of the job's process group hold GPU memory
         if pump is not None:
             pump.join(DRAIN_S)  # the pipe closed with them: its last bytes, then the end
-        code = self.child.returncode
+        return self._record_end(self.child.returncode)
+
+    def _record_end(self, code: int) -> int:
+        """How the run ended, from its status and why it was stopped (if it was)."""
         exit_code = code if code >= 0 else 128 - code
         if self.stop_reason == JobState.TIMEOUT:
             return self._finish(JobState.TIMEOUT, exit_code, "time limit reached")
