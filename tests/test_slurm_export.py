@@ -39,11 +39,12 @@ from gpuclaim.app.slurm import (
     render_slurmdbd_conf,
     sbatch_quote,
     slurm_advice,
+    slurm_signal,
     slurm_type_name,
     ssh_address,
 )
 from gpuclaim.core.errors import ConfigError, UsageError
-from gpuclaim.core.model import Job, JobRank
+from gpuclaim.core.model import ArrayRef, Job, JobRank
 from gpuclaim.node.hardware import normalize_bus_id, parse_cpu_list, probe_hardware, real_memory
 from gpuclaim.node.probe.smi_parse import parse_list_gpus, parse_query_gpu, parse_query_xml
 
@@ -220,6 +221,18 @@ def _job(**changes):
     return base.with_(**changes)
 
 
+# `run --preemptible --requeue --preempt-signal USR2 -n 2 -- python3 train.py --resume`
+SCAVENGER_JOB = _job(
+    id="j-5ca5e5ca5e",
+    name="scav",
+    argv=("python3", "train.py", "--resume"),
+    preemptible=True,
+    requeue=True,
+    preempt_signal="USR2",
+    restarts=2,
+    env=(("WANDB_MODE", "off"),),
+)
+
 TORCHRUN_ARGV = ("torchrun", "--nnodes", "2", "--nproc-per-node=2", "--max-restarts=3", "-m")
 TORCHRUN_ARGV = (*TORCHRUN_ARGV, "pkg.train", "--x")
 
@@ -233,11 +246,18 @@ def golden_files() -> dict[str, str]:
         argv=TORCHRUN_ARGV,
     )
     shell_gang = _job(name="mpi", nodes_wanted=3, gpus_per_node=8, argv=("bash", "run.sh", "a b"))
+    dbd = ExportOptions("Lab", accounting="slurmdbd", preempt_grace_s=90, kill_wait_s=20)
     return {
         "slurm.conf": render_slurm_conf(nodes, GOLDEN_OPTS),
+        "slurmdbd/slurm.conf": render_slurm_conf(nodes, dbd),
+        "slurmdbd/MIGRATION.md": render_migration_md(nodes, dbd),
         "gres.conf": render_gres_conf(nodes),
         "cgroup.conf": render_cgroup_conf(),
         "MIGRATION.md": render_migration_md(nodes, GOLDEN_OPTS),
+        "scav.sbatch": render_sbatch(SCAVENGER_JOB, "h100", "h100", preempt_grace_s=45),
+        "scav-ddp.sbatch": render_sbatch(
+            SCAVENGER_JOB.with_(name="scav-ddp", nodes_wanted=2, requeue=False), "h100", "h100"
+        ),
         "bert-sweep.sbatch": render_sbatch(_job(), "h100", "h100"),
         "ddp.sbatch": render_sbatch(gang, "h100", "h100"),
         "ddp2.sbatch": render_sbatch(torchrun, "h100", "h100"),
@@ -336,7 +356,8 @@ def test_slurmdbd_accounting_and_its_slurmdbd_conf_agree():
     assert tuned["PriorityDecayHalfLife"] == "3-00:00:00" and tuned["PriorityWeightAge"] == "250"
     assert "JobCompType" not in conf
     text = render_slurm_conf(golden_inventory(), opts)
-    assert text.count('TRESBillingWeights="GRES/gpu=1.0"') == 4  # every GPU partition
+    # every GPU partition, the scavenger one too
+    assert text.count('TRESBillingWeights="GRES/gpu=1.0"') == 5
     # a placeholder, never a password; the file says who may read it
     assert dbd["StorageType"] == "accounting_storage/mysql"
     assert dbd["StoragePass"] == DB_PASSWORD_PLACEHOLDER == "REPLACE_WITH_THE_DATABASE_PASSWORD"
@@ -618,6 +639,176 @@ def test_sbatch_gang_uses_torch_distributed_run_with_c10d():
     shell = golden_files()["mpi.sbatch"]
     assert "srun bash -c 'NODE_RANK=$SLURM_NODEID exec \"$@\"' bash bash run.sh 'a b'" in shell
     assert "--chdir" not in shell and "#SBATCH --gres=gpu:8" in shell
+
+
+# -- preemptible ("scavenger") jobs -----------------------------------------------------------
+
+
+def _directives(script: str) -> list[str]:
+    return [line.split(None, 1)[1] for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_a_preemptible_requeue_job_asks_slurm_for_the_scavenger_partition_and_qos():
+    script = golden_files()["scav.sbatch"]
+    directives = _directives(script)
+    assert "--partition=scavenger" in directives and "--partition=h100" not in directives
+    assert "--qos=scavenger" in directives
+    assert "--requeue" in directives and "--no-requeue" not in directives
+    assert "--open-mode=append" in directives  # a requeued run keeps the earlier runs' output
+    assert "--signal=USR2@0" in directives  # its own signal, and never before the time limit
+    # SLURM signals job steps, not the batch shell: the command is one
+    assert script.rstrip().endswith("\nsrun python3 train.py --resume")
+    assert 'export GPUCLAIM_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"\n' in script
+    assert "export GPUCLAIM_PREEMPT_GRACE=45\n" in script
+    assert "(45s, gpuclaim's preempt_grace" in script
+
+
+def test_a_plain_job_has_none_of_it():
+    for name in ("bert-sweep.sbatch", "ddp.sbatch", "mpi.sbatch"):
+        script = golden_files()[name]
+        assert "scavenger" not in script and "requeue" not in script, name
+        assert "--signal" not in script and "--open-mode" not in script, name
+        assert "GPUCLAIM_PREEMPT" not in script and "Preemptible" not in script, name
+    assert "\npython3 train.py --lr 3e-4 " in golden_files()["bert-sweep.sbatch"]  # no srun
+
+
+def test_a_preemptible_job_without_requeue_ends_preempted():
+    script = golden_files()["scav-ddp.sbatch"]
+    directives = _directives(script)
+    assert "--no-requeue" in directives and "--requeue" not in directives
+    assert "--open-mode=append" not in directives
+    assert "--qos=scavenger" in directives and "--signal=USR2@0" in directives
+    assert "no-requeue: then it ends PREEMPTED" in script
+    # a gang job: torch.distributed.run dies of USR2 (it handles TERM, INT, HUP, QUIT only)
+    assert "srun python3 -m torch.distributed.run" in script
+    assert "Caution: torch.distributed.run handles only SIGTERM" in script
+    term = render_sbatch(SCAVENGER_JOB.with_(nodes_wanted=2, preempt_signal="TERM"), "h100")
+    assert "--signal=TERM@0" in _directives(term) and "Caution" not in term
+
+
+def test_an_array_of_preemptible_tasks_runs_each_under_srun():
+    tasks = [
+        SCAVENGER_JOB.with_(
+            id=f"a-1r{i}",
+            argv=("python3", "train.py", f"--seed={i}"),
+            array=ArrayRef("a-1", "s", i, 3),
+        )
+        for i in range(3)
+    ]
+    script = render_sbatch(tasks[0], "h100", None, tasks)
+    assert "--array=0-2" in _directives(script) and "--partition=scavenger" in _directives(script)
+    assert 'srun python3 train.py "${words[@]}"' in script
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("USR1", "USR1"),
+        ("SIGUSR2", "USR2"),
+        ("TERM", "TERM"),
+        ("HUP", "HUP"),
+        ("QUIT", "QUIT"),
+        ("INT", "INT"),
+        ("ALRM", "ALRM"),
+        ("URG", "URG"),
+        ("CONT", "CONT"),
+        ("WINCH", "28"),
+    ],
+)
+def test_every_preempt_signal_is_one_sbatch_can_send(name, want):
+    # sbatch knows these names (sig_name2num); WINCH only as its number
+    assert slurm_signal(name) == want
+
+
+def test_an_unknown_signal_is_refused():
+    with pytest.raises(UsageError, match="SIGNOPE"):
+        slurm_signal("NOPE")
+
+
+def test_slurm_conf_preempts_scavengers_by_partition_without_slurmdbd():
+    opts = ExportOptions("Lab", preempt_grace_s=45, kill_wait_s=12)
+    text = render_slurm_conf(golden_inventory(), opts)
+    conf = _settings(text)
+    assert conf["PreemptType"] == "preempt/partition_prio"
+    assert conf["PreemptMode"] == "REQUEUE"
+    assert conf["JobRequeue"] == "0"  # requeued only with --requeue, as under gpuclaim
+    assert conf["SlurmctldParameters"] == "preempt_send_user_signal"
+    assert conf["KillWait"] == "12"
+    (line,) = [x for x in text.splitlines() if x.startswith("PartitionName=scavenger ")]
+    part = dict(w.split("=", 1) for w in line.split())
+    assert part["Nodes"] == "benchbox,gpu-ws-1,node[01-03]"  # every GPU node, no cpu01
+    assert part["PriorityTier"] == "0" and part["PreemptMode"] == "REQUEUE"
+    assert part["GraceTime"] == "45" and part["Default"] == "NO"
+    assert (part["DefCpuPerGPU"], part["DefMemPerGPU"]) == ("16", "60000")  # the smallest
+    others = [x for x in text.splitlines() if x.startswith("PartitionName=") and x != line]
+    assert others and all("PriorityTier" not in x and "GraceTime" not in x for x in others)
+
+
+def test_slurm_conf_preempts_scavengers_by_qos_with_slurmdbd():
+    opts = ExportOptions("Lab", accounting="slurmdbd", preempt_grace_s=45)
+    text = render_slurm_conf(golden_inventory(), opts)
+    conf = _settings(text)
+    assert conf["PreemptType"] == "preempt/qos" and conf["PreemptMode"] == "REQUEUE"
+    assert conf["JobRequeue"] == "0" and conf["KillWait"] == "30"
+    (line,) = [x for x in text.splitlines() if x.startswith("PartitionName=scavenger ")]
+    # under preempt/qos the QOS's GraceTime and PreemptMode count, a partition's do not
+    assert "GraceTime" not in line and "PreemptMode" not in line and "PriorityTier=0" in line
+    migration = render_migration_md(golden_inventory(), opts)
+    steps = _steps(migration)
+    qos = _step(steps, "sacctmgr add qos scavenger PreemptMode=requeue GraceTime=45 UsageFactor=0")
+    assert qos == _step(steps, "sacctmgr modify qos normal set Preempt=scavenger")
+    assert qos == _step(steps, "sacctmgr add account lab QOS=normal,scavenger DefaultQOS=normal")
+    assert steps[qos].index("add qos") < steps[qos].index("add user NAME")
+    assert qos < _step(steps, "systemctl start slurmctld")
+    assert "UsageFactor=0 of the QOS" in migration
+
+
+def test_no_gpu_no_preemption():
+    text = render_slurm_conf([_node("cpu01", [], 32, mem=128_000)], ExportOptions("t"))
+    assert "scavenger" not in text and "Preempt" not in text
+    migration = render_migration_md([_node("cpu01", [], 32, mem=128_000)], ExportOptions("t"))
+    assert "## Preemptible jobs" not in migration
+
+
+@pytest.mark.parametrize("accounting", ["file", "slurmdbd"])
+def test_migration_says_what_each_preemption_flag_becomes(accounting):
+    opts = ExportOptions("Lab", accounting=accounting, preempt_grace_s=45, kill_wait_s=12)
+    text = render_migration_md(golden_inventory(), opts)
+    section = text.split("## Preemptible jobs\n", 1)[1].split("\n## ", 1)[0]
+    rows = {r.split(" | ")[0].strip("| "): r for r in section.splitlines() if r.startswith("| `")}
+    assert "--partition=scavenger --qos=scavenger" in rows["`run --preemptible`"]
+    assert "`--requeue --open-mode=append`" in rows["`--requeue`"]
+    assert "`--no-requeue`, ends PREEMPTED" in rows["`--requeue`"]
+    assert "`--signal=USR1@0`" in rows["`--preempt-signal USR1`"]
+    owner = "QOS" if accounting == "slurmdbd" else "partition"
+    assert f"GraceTime=45 of the `scavenger` {owner}" in rows["`[queue] preempt_grace` (45s)"]
+    assert "KillWait=12" in rows["`[limits] kill_grace`"]
+    assert "| `run --preemptible --requeue` | `sbatch --partition=scavenger" in text
+
+
+def test_cli_export_maps_the_cluster_s_preempt_grace(make_cluster, tmp_path):
+    c = make_cluster({"node01": 2}, kill_grace="7s")
+    c.config_path.write_text(c.config_path.read_text() + '\n[queue]\npreempt_grace = "45s"\n')
+    c.ok(
+        *("run", "--preemptible", "--requeue", "--preempt-signal", "USR2", "--name", "scav"),
+        *("--", "python3", "-c", "pass"),
+    )
+    c.ok("run", "--name", "plain", "--", "true")
+    out = tmp_path / "slurm"
+    assert c.cli("export", "slurm", "--out", str(out)).returncode == 0
+    conf = (out / "slurm.conf").read_text()
+    assert re.search(r"^PartitionName=scavenger .* GraceTime=45 State=UP$", conf, re.MULTILINE)
+    assert "\nKillWait=7\n" in conf
+    proc = c.cli("export", "sbatch", "scav")
+    assert proc.returncode == 0, proc.stderr
+    directives = _directives(proc.stdout)
+    assert {"--partition=scavenger", "--qos=scavenger", "--requeue", "--signal=USR2@0"} <= set(
+        directives
+    )
+    assert "export GPUCLAIM_PREEMPT_GRACE=45\n" in proc.stdout
+    plain = c.cli("export", "sbatch", "plain")
+    assert plain.returncode == 0 and "scavenger" not in plain.stdout
+    assert "requeue" not in plain.stdout
 
 
 def test_jobs_since_keeps_the_newest_run_of_each_name():

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from slurm_testbed import (
@@ -37,8 +38,10 @@ from gpuclaim.app.slurm import (
     NodeSpec,
     render_cgroup_conf,
     render_gres_conf,
+    render_sbatch,
     render_slurm_conf,
 )
+from gpuclaim.core.model import Job
 from gpuclaim.node.hardware import probe_hardware
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -227,7 +230,7 @@ def _history_command(migration: Path) -> str:
     return m.group(1)
 
 
-def _this_machine_export(tmp_path: Path) -> Path:
+def _this_machine_export(tmp_path: Path, opts: Optional[ExportOptions] = None) -> Path:
     """The export for GPUS on this machine's real hardware, rendered directly (fast): one
     machine per node, each with the node's name as its hostname."""
     hw = probe_hardware()
@@ -246,7 +249,7 @@ def _this_machine_export(tmp_path: Path) -> Path:
     ]
     out = tmp_path / "export"
     out.mkdir()
-    (out / "slurm.conf").write_text(render_slurm_conf(nodes, ExportOptions("testbed")))
+    (out / "slurm.conf").write_text(render_slurm_conf(nodes, opts or ExportOptions("testbed")))
     (out / "gres.conf").write_text(render_gres_conf(nodes))
     (out / "cgroup.conf").write_text(render_cgroup_conf())
     return out
@@ -288,6 +291,10 @@ BROKEN = {
             "AccountingStorageType=accounting_storage/slurmdbd",
         ),
     ],
+    # partition_prio preempts by tier and needs a mode to preempt with
+    "preemption by partition with PreemptMode=OFF": [
+        ("slurm.conf", "PreemptMode=REQUEUE\nJobRequeue", "PreemptMode=OFF\nJobRequeue"),
+    ],
     # slurmctld only logs that it ignores fair share without slurmdbd: the testbed refuses it
     "fair share without slurmdbd": [
         (
@@ -314,6 +321,93 @@ def test_the_unbroken_export_of_this_machine_comes_up(slurm, tmp_path):
     # the control for the cases above: the same files, unbroken, are accepted
     tb = slurm(_this_machine_export(tmp_path), GPUS)
     assert "idle" in tb.run("sinfo", "-h", "-o", "%T")
+
+
+# A scavenger that saves on its signal and on SIGTERM: each line one thing it saw, in order.
+SCAV_TASK = """\
+import json, os, signal, sys, time
+def note(what):
+    with open(sys.argv[1], "a") as f:
+        f.write(json.dumps({"what": what, "t": time.time(), "node": os.environ["SLURMD_NODENAME"],
+                            "restart": os.environ.get("GPUCLAIM_RESTART_COUNT")}) + "\\n")
+def term(n, f):
+    note("TERM"); sys.exit(0)
+signal.signal(signal.SIGUSR1, lambda n, f: note("USR1"))
+signal.signal(signal.SIGUSR2, lambda n, f: note("USR2"))
+signal.signal(signal.SIGTERM, term)
+note("start")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_preemptible_jobs_yield_their_gpus_on_a_real_slurm(slurm, tmp_path):
+    """The scavenger partition as exported (GraceTime=2 from preempt_grace): a job of another
+    partition needs the GPUs of two exported preemptible jobs. Each gets its own signal at
+    once and SIGTERM after the grace; the --requeue one goes back to the queue, the other
+    ends PREEMPTED; then the other job runs. slurmctld ends a grace at its time-limit check,
+    every 30 s: this test takes about that long."""
+    opts = ExportOptions("testbed", preempt_grace_s=2, kill_wait_s=2)
+    tb = slurm(_this_machine_export(tmp_path, opts), GPUS)
+    part = _fields(tb.run("scontrol", "-o", "show", "partition", "scavenger"))
+    assert part["PreemptMode"] == "REQUEUE" and part["GraceTime"] == "2"
+    assert part["PriorityTier"] == "0" and part["Nodes"] == "gpu[01-02],ws7"
+    assert _fields(tb.run("scontrol", "-o", "show", "partition", "h100"))["PriorityTier"] == "1"
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    ids, notes = {}, {}
+    for name, requeue, sig in (("again", True, "USR2"), ("once", False, "USR1")):
+        notes[name] = work / f"{name}.jsonl"
+        job = Job(
+            id=f"j-{name}",
+            name=name,
+            user="alice",
+            argv=("python3", "-c", SCAV_TASK, str(notes[name])),
+            state="succeeded",
+            submitted=0.0,
+            time_limit_s=3600,
+            gpus_per_node=2,  # a whole H100 node each
+            workdir=str(work),
+            preemptible=True,
+            requeue=requeue,
+            preempt_signal=sig,
+        )
+        script = work / f"{name}.sbatch"
+        script.write_text(render_sbatch(job, "h100", "h100", preempt_grace_s=2))
+        ids[name] = tb.sbatch(script, cwd=work)
+    deadline = time.monotonic() + 30
+    while not all(_lines(p) for p in notes.values()):
+        assert time.monotonic() < deadline, tb.run("squeue")
+        time.sleep(0.1)
+    # a job of the h100 partition that needs both H100 nodes
+    preemptor = int(
+        tb.run(
+            *("sbatch", "--parsable", "-p", "h100", "-N", "2", "--gres=gpu:h100:2"),
+            *("-o", str(work / "logs" / "preemptor.out"), "--wrap", "true"),
+        ).split(";")[0]
+    )
+    asked = time.time()
+    assert tb.wait(preemptor, timeout=60)["JobState"] == "COMPLETED"
+    for name, sig in (("again", "USR2"), ("once", "USR1")):
+        seen = _lines(notes[name])
+        assert [x["what"] for x in seen] == ["start", sig, "TERM"], seen
+        assert seen[0]["restart"] == "0" and seen[0]["node"] in ("gpu01", "gpu02")
+        assert seen[1]["t"] - asked < 5  # the signal at once
+        assert 2 <= seen[2]["t"] - seen[1]["t"] < 2 + 30 + 3  # GraceTime, then SIGTERM
+    again = _fields(tb.run("scontrol", "-o", "show", "job", str(ids["again"])))
+    assert again["JobState"] in ("PENDING", "REQUEUED") and again["Restarts"] == "1", again
+    assert again["Partition"] == "scavenger"
+    once = _fields(tb.run("scontrol", "-o", "show", "job", str(ids["once"])))
+    assert once["JobState"] == "PREEMPTED" and once["Restarts"] == "0", once
+    tb.run("scancel", str(ids["again"]))
 
 
 def test_hardware_probe_agrees_with_slurmd(tmp_path):

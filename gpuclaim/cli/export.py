@@ -58,6 +58,8 @@ def slurm(
         max_age_s=st.config.queue.max_age_s,
         fairshare_weight=st.config.queue.fairshare_weight,
         age_weight=st.config.queue.age_weight,
+        preempt_grace_s=st.config.queue.preempt_grace_s,
+        kill_wait_s=st.config.limits.kill_grace_s,
     )
     snap = st.store.snapshot()
     reservations = se.render_reservations(snap.bookings, nodes, snap.now)
@@ -162,7 +164,8 @@ def _scripts(
         gpu_type = se.job_gpu_type(nodes, job)
         partition = se.partition_for(nodes, node, gpu_type) if nodes else None
         try:
-            text = se.render_sbatch(job, gpu_type, partition, tasks)
+            grace = st.config.queue.preempt_grace_s
+            text = se.render_sbatch(job, gpu_type, partition, tasks, preempt_grace_s=grace)
         except GpuclaimError as exc:
             skipped.append((job.name, exc.message))
             continue

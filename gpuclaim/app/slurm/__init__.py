@@ -7,7 +7,8 @@ Slurm 22.05 syntax (Debian 12), proven by tests/test_slurm_real.py against a rea
 modules: ``gputypes`` (GPU type names), ``syntax`` (host lists and other spellings),
 ``spec`` (the shared data types and partition plan), ``inventory`` (asking the nodes),
 ``conf`` (the configuration files), ``migration`` (MIGRATION.md), ``reservations``
-(bookings as SLURM reservations), ``sbatch`` (past jobs as sbatch scripts) and ``advice``
+(bookings as SLURM reservations), ``sbatch`` (past jobs as sbatch scripts),
+``preemption`` (``run --preemptible`` as SLURM's scavenger partition and QOS) and ``advice``
 (when SLURM pays for itself); the names callers use are re-exported here.
 """
 
@@ -35,6 +36,7 @@ from gpuclaim.app.slurm.conf import (
 from gpuclaim.app.slurm.gputypes import GPU_TYPE_PATTERNS, autodetect_type, slurm_type_name
 from gpuclaim.app.slurm.inventory import gather_inventory, node_spec, ssh_address
 from gpuclaim.app.slurm.migration import HISTORY, render_migration_md
+from gpuclaim.app.slurm.preemption import SCAVENGER, sacctmgr_qos_commands, slurm_signal
 from gpuclaim.app.slurm.reservations import render_reservations, scontrol_line
 from gpuclaim.app.slurm.sbatch import (
     RDZV_PORT_BASE,
@@ -68,6 +70,7 @@ __all__ = [
     "LONG_WAITS",
     "LONG_WAIT_S",
     "RDZV_PORT_BASE",
+    "SCAVENGER",
     "SPOOL_DIR",
     "STATE_DIR",
     "ExportOptions",
@@ -92,9 +95,11 @@ __all__ = [
     "render_sbatch",
     "render_slurm_conf",
     "render_slurmdbd_conf",
+    "sacctmgr_qos_commands",
     "sbatch_quote",
     "scontrol_line",
     "slurm_advice",
+    "slurm_signal",
     "slurm_type_name",
     "ssh_address",
     "submit_all",

@@ -11,9 +11,11 @@ import re
 from collections.abc import Sequence
 from typing import Optional
 
+from gpuclaim.app.slurm.preemption import preemption_lines, scavenger_partition, seconds
 from gpuclaim.app.slurm.spec import (
     ExportOptions,
     NodeSpec,
+    Partition,
     check_nodes,
     checked_accounting,
     controller_of,
@@ -73,9 +75,14 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         "GresTypes=gpu",
         "# Refuse at submit time what exceeds a partition's limits (as gpuclaim does).",
         "EnforcePartLimits=ALL",
+        "# A job being stopped gets SIGTERM, then this long, then SIGKILL (gpuclaim's",
+        "# [limits] kill_grace).",
+        f"KillWait={seconds(opts.kill_wait_s)}",
         "",
     ]
     out += _accounting_lines(nodes, host, addr, opts) if dbd else _jobcomp_lines()
+    if any(n.gpus for n in nodes):
+        out += ["", *preemption_lines(opts, dbd)]
     out += [
         "",
         "# Nodes, as they reported themselves (`slurmd -C` on a node prints the same; RealMemory",
@@ -87,9 +94,12 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         out.append(f"NodeName={names} {line}")
     for name, why in opts.skipped:
         out.append(f"# {comment(name)} is not here: it did not answer ({comment(why)}).")
-    parts = plan_partitions(nodes)
-    out += [
-        "",
+    out += ["", *_partition_lines(plan_partitions(nodes), opts, dbd)]
+    return "\n".join(out) + "\n"
+
+
+def _partition_lines(parts: Sequence[Partition], opts: ExportOptions, dbd: bool) -> list[str]:
+    out = [
         "# Partitions: one per GPU type when the nodes differ, so --partition picks the model.",
         "# A job without --time gets DefaultTime; one asking for more than MaxTime is refused.",
         "# Jobs get a node's CPUs and memory in proportion to their GPUs unless they ask.",
@@ -111,7 +121,7 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
                 words.append('TRESBillingWeights="GRES/gpu=1.0"')
         words.append("State=UP")
         out.append(" ".join(words))
-    return "\n".join(out) + "\n"
+    return out + scavenger_partition(parts, opts, dbd)
 
 
 def _jobcomp_lines() -> list[str]:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 from gpuclaim.app.slurm.conf import DB_PASSWORD_PLACEHOLDER
+from gpuclaim.app.slurm.preemption import SCAVENGER, migration_section, sacctmgr_qos_commands
 from gpuclaim.app.slurm.spec import (
     ExportOptions,
     NodeSpec,
@@ -53,6 +54,7 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions, bookings
     steps = "\n".join(
         _wrap_step(i, text) for i, text in enumerate(_admin_steps(nodes, opts, controller), 1)
     )
+    preemptible = migration_section(accounting, opts) if gpu_parts else ""
     return f"""# Moving {comment(opts.cluster)} from gpuclaim to SLURM
 
 SLURM does what gpuclaim did by agreement, and enforces it: you ask for GPUs, your job waits
@@ -85,7 +87,7 @@ partition with `--gres=gpu:N`.
 Each script keeps the job's command exactly, its environment, directory, GPUs and time
 limit. Its output goes to `logs/JOBID.out` in the job's directory: create `logs/` there.
 
-{_bookings_paragraph(bookings)}## For the administrator: switching over
+{preemptible}{_bookings_paragraph(bookings)}## For the administrator: switching over
 
 gpuclaim stops handing out GPUs first, and no slurmd starts before its last job has ended:
 the two never give out the same GPU.
@@ -141,6 +143,11 @@ def _command_mapping(
         ("`gpuclaim history`", f"`{HISTORY[accounting]}`", history_note),
         ("`--time 8h`", "`--time=8:00:00`", limits),
         ("`run --queue`, `--wait`", "every job queues", "`squeue --start` says when yours starts"),
+        (
+            "`run --preemptible --requeue`",
+            f"`sbatch --partition={SCAVENGER} --qos={SCAVENGER} --requeue`",
+            "see Preemptible jobs below",
+        ),
         (
             "`gpuclaim reserve -n 4 --start thu 09:00 --time 8h`",
             "the administrator's `scontrol create reservation`; then `sbatch --reservation=NAME`",
@@ -200,8 +207,11 @@ def _admin_steps(nodes: Sequence[NodeSpec], opts: ExportOptions, controller: str
             " `install -o slurm -g slurm -m 0600 slurmdbd.conf /etc/slurm/` (slurmdbd refuses a"
             " file that others can read or that slurm does not own). `systemctl start slurmdbd`;"
             " `sacctmgr show cluster` answers once it is up.",
-            f"`sacctmgr add cluster {cluster}`, `sacctmgr add account lab` and"
-            " `sacctmgr add user NAME account=lab` for each person: fair share counts per user.",
+            f"`sacctmgr add cluster {cluster}`; the QOS of preemptible jobs:"
+            + "".join(f" `{c}`," for c in sacctmgr_qos_commands(opts))
+            + f" then `sacctmgr add account lab QOS=normal,{SCAVENGER} DefaultQOS=normal`"
+            " and `sacctmgr add user NAME account=lab` for each person: fair share counts per"
+            " user.",
         ]
     steps += [
         "Wait until gpuclaim is empty: `gpuclaim status` shows no claimed GPU and"

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
+from gpuclaim.app.slurm.preemption import SCAVENGER, sbatch_directives, sbatch_env, sbatch_notes
 from gpuclaim.app.slurm.syntax import comment
 from gpuclaim.core.arrays import compact
 from gpuclaim.core.durations import format_slurm_time
@@ -56,11 +57,17 @@ def sbatch_quote(value: str) -> str:
 
 
 def render_sbatch(
-    job: Job, gpu_type: str = "", partition: Optional[str] = None, tasks: Sequence[Job] = ()
+    job: Job,
+    gpu_type: str = "",
+    partition: Optional[str] = None,
+    tasks: Sequence[Job] = (),
+    preempt_grace_s: float = 60.0,
 ) -> str:
     """An sbatch script that runs ``job`` as gpuclaim ran it: same command (argv exactly),
     environment, directory, GPUs per node, nodes and time limit. ``tasks``: every task of
-    the array ``job`` belongs to, as one ``--array`` job (a sweep's words per task index)."""
+    the array ``job`` belongs to, as one ``--array`` job (a sweep's words per task index).
+    A preemptible job asks for the scavenger partition and QOS, its --requeue and signal
+    (see preemption.py); ``preempt_grace_s`` is the cluster's [queue] preempt_grace."""
     if job.kind != JobKind.BATCH:
         raise UsageError(
             f"{job.name} is an interactive {job.kind}: in SLURM that is "
@@ -73,19 +80,22 @@ def render_sbatch(
         indices = tuple(sorted(t.array.index for t in tasks if t.array)) or (array.index,)
         limit = f"%{array.max_running}" if array.max_running else ""
         directives.append(("array", compact(indices) + limit))
+    partition = SCAVENGER if job.preemptible else partition
     if partition:
         directives.append(("partition", partition))
+    if job.preemptible:
+        directives.append(("qos", SCAVENGER))
     directives += [
         ("nodes", str(job.nodes_wanted)),
         ("ntasks-per-node", "1"),
         ("gres", gres),
         ("time", format_slurm_time(job.time_limit_s)),
         ("output", "logs/%A_%a.out" if array else "logs/%j.out"),
+        *sbatch_directives(job),
     ]
     if job.workdir:
         directives.append(("chdir", job.workdir))
-    out = ["#!/bin/bash"]
-    out += [f"#SBATCH --{key}={sbatch_quote(value)}" for key, value in directives]
+    out = ["#!/bin/bash", *(_directive(key, value) for key, value in directives)]
     where = comment(job.workdir) if job.workdir else "the directory you submit from"
     out += [
         "#",
@@ -93,10 +103,12 @@ def render_sbatch(
         " exported by `gpuclaim export sbatch`.",
         f"# Output: logs/JOBID.out in {where}; create logs/ there first.",
         "# SLURM sets CUDA_VISIBLE_DEVICES to the GPUs it gives the job.",
+        *sbatch_notes(job, preempt_grace_s, _runs_torchrun(job)),
         "",
         *_dependency_lines(job),
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "export PYTHONUNBUFFERED=1",
+        *sbatch_env(job, preempt_grace_s),
     ]
     if array is not None:
         out += [
@@ -113,11 +125,24 @@ def render_sbatch(
         else:
             out.append(f"# left out {comment(repr(key))}: not a name a shell can export")
     out.append("")
+    # A preemptible job's command runs as a job step: SLURM signals every process of a step,
+    # never the batch shell's children.
+    launch = "srun " if job.preemptible else ""
     if array is not None and tasks:
-        out += _array_command(tasks)
+        out += _array_command(tasks, launch)
     else:
-        out += _gang_lines(job) if job.nodes_wanted > 1 else [shlex.join(job.argv)]
+        out += _gang_lines(job) if job.nodes_wanted > 1 else [launch + shlex.join(job.argv)]
     return "\n".join(out) + "\n"
+
+
+def _directive(key: str, value: str) -> str:
+    """``#SBATCH --key=value``; a flag (``--requeue``) where the value is empty."""
+    return f"#SBATCH --{key}={sbatch_quote(value)}" if value else f"#SBATCH --{key}"
+
+
+def _runs_torchrun(job: Job) -> bool:
+    """Does the script start the command under torch.distributed.run (a gang job's)?"""
+    return job.nodes_wanted > 1 and not job.array and _torch_launch(job.argv) is not None
 
 
 def _dependency_lines(job: Job) -> list[str]:
@@ -134,7 +159,7 @@ def _dependency_lines(job: Job) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def _array_command(tasks: Sequence[Job]) -> list[str]:
+def _array_command(tasks: Sequence[Job], launch: str = "") -> list[str]:
     """The command, once per task: the argv all tasks share, and a sweep's own words per
     index (each word quoted: nothing is expanded, as under gpuclaim)."""
     argvs = [t.argv for t in tasks]
@@ -145,14 +170,14 @@ def _array_command(tasks: Sequence[Job]) -> list[str]:
             keep += 1
         shared = shared[:keep]
     if all(len(a) == len(shared) for a in argvs):
-        return [shlex.join(shared)]
+        return [launch + shlex.join(shared)]
     lines = ['case "$SLURM_ARRAY_TASK_ID" in']
     for task in tasks:
         words = " ".join(shlex.quote(w) for w in task.argv[len(shared) :])
         index = task.array.index if task.array else 0
         lines.append(f"  {index}) words=({words}) ;;")
     lines += ['  *) echo "no task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
-    return [*lines, shlex.join(shared) + ' "${words[@]}"']
+    return [*lines, launch + shlex.join(shared) + ' "${words[@]}"']
 
 
 def submit_all(scripts: Sequence[tuple[str, Job]]) -> str:

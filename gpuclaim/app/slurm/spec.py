@@ -129,6 +129,9 @@ class ExportOptions:
     max_age_s: float = 86400
     fairshare_weight: float = 1000.0
     age_weight: float = 1000.0
+    # run --preemptible: [queue] preempt_grace (GraceTime) and [limits] kill_grace (KillWait)
+    preempt_grace_s: float = 60.0
+    kill_wait_s: float = 30.0
 
 
 @dataclass(frozen=True)
