@@ -107,3 +107,33 @@ def test_history_shows_held_versus_busy_gpu_hours(testbed, make_remote):
     # one GPU at 100 %, one at 0 %: half of the held GPU-time was busy
     assert 40 <= row["utilization_pct"] <= 60, row
     assert 0 < row["busy_gpu_hours"] < row["gpu_hours"]
+
+
+def test_the_idle_policy_leaves_a_service_alone_even_where_it_stops_idle_jobs(testbed, make_remote):
+    """An endpoint idles at night by design: at 0 % it is neither told nor released, while
+    a 0 % batch job beside it is stopped by a policy that releases jobs' claims."""
+    policy = IDLE + 'release_after = "2s"\nrelease_jobs = true\n'
+    c = make_remote(testbed, nodes=["node01"], extra_toml=policy, heartbeat="1s")
+    zero = ("--env", "GPUCLAIM_FAKE_UTIL_PCT=0")
+    serve = "exec python3 -m http.server $GPUCLAIM_PORT"
+    c.json("serve", "--name", "api", *zero, "--", "sh", "-c", serve)
+    c.json("run", "--name", "quiet", *zero, "--", "sleep", "120")
+    deadline = time.monotonic() + 40
+    while True:
+        c.status()  # a look applies the policy
+        jobs = {j["name"]: j for j in c.json("jobs", "--all")}
+        if jobs["quiet"]["state"] == "killed":
+            break
+        assert time.monotonic() < deadline, jobs["quiet"]
+        time.sleep(1)
+    assert jobs["api"]["state"] == "running"
+    held = [r for r in c.status() if r["claim"] and r["claim"]["job"] == jobs["api"]["id"]]
+    assert held and held[0]["utilization_pct"] == 0
+    assert not [
+        e
+        for e in _events(c)
+        if e["type"] == "claim-idle"
+        and e["node"] == "node01"
+        and e["claim_id"] == held[0]["claim"]["id"]
+    ]
+    c.ok("kill", "api")

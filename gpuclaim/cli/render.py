@@ -213,6 +213,9 @@ def jobs_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
         state = d.get("state_text") or d["state"]
         if state == JobState.QUEUED and d.get("queue_position"):
             state = f"queued #{d['queue_position']}"
+        if d.get("health") and d.get("port"):  # a service: how it does, where it answers
+            restarts = f", {d['restarts']} restarts" if d.get("restarts") else ""
+            state = f"{state} ({d['health']}{restarts}) :{d['port']}"
         started = parse_iso(d.get("started"))
         ends = parse_iso(d.get("ends"))
         left = format_duration(ends - now) if ends and d["state"] == JobState.RUNNING else ""

@@ -66,6 +66,7 @@ _DEFAULT_KEYS = {
     "max_reserved_gpu_hours",
     "keep_reservations",
     "max_queued_per_user",
+    "max_service_time",
 }
 _WORKENV_KEYS = {"login_shell", "venv", "conda"}  # [run], and per node in [node.X]
 DEFAULT_KEEP_COPIES_S = 7 * 86400.0
@@ -114,6 +115,7 @@ class NodeConfig:
 class Limits:
     default_time_s: float = 4 * 3600
     max_time_s: float = 7 * 86400
+    max_service_time_s: float = 30 * 86400  # gpuclaim serve without --time runs this long
     max_gpus_per_user: int = 0  # 0 = no limit
     busy_memory_mib: int = 256  # a GPU with less foreign memory than this still counts as free
     ignore_processes: tuple[str, ...] = DEFAULT_IGNORED_PROCESSES
@@ -403,6 +405,7 @@ def _limits(table: dict[str, Any]) -> Limits:
     return Limits(
         default_time_s=default_time,
         max_time_s=max_time,
+        max_service_time_s=_duration(table, "max_service_time", base.max_service_time_s),
         max_gpus_per_user=_int(table, "max_gpus_per_user", base.max_gpus_per_user),
         busy_memory_mib=_int(table, "busy_memory_mib", base.busy_memory_mib),
         ignore_processes=tuple(ignore),

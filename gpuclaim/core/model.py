@@ -15,6 +15,7 @@ from typing import Any, Optional, TypeVar
 # What a probe of a node returns: its own module, so that a node's first look at its GPUs
 # does not pay for defining every other dataclass here. Re-exported: they are the domain too.
 from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory, opt_int
+from gpuclaim.core.service import ServiceSpec
 from gpuclaim.core.states import GpuState, JobState
 
 __all__ = ["Gpu", "GpuProcess", "NodeInventory"]
@@ -60,6 +61,8 @@ class EventType(_Word):
     JOB_CANCELLED = "job-cancelled"  # it never ran: what it waited for did not succeed
     FORCE_KILL = "force-kill"
     PREEMPT = "preempt"  # a preemptible job was asked to yield its GPUs to someone's claim
+    SERVICE_DOWN = "service-down"  # a service exited or stopped answering: it restarts
+    SERVICE_BACK = "service-back"  # ... and answers again
     ARRAY_QUEUED = "array-queued"
     ARRAY_START = "array-start"
     ARRAY_END = "array-end"
@@ -82,6 +85,7 @@ class JobKind(_Word):
     BATCH = "batch"
     SHELL = "shell"
     NOTEBOOK = "notebook"
+    SERVICE = "service"  # gpuclaim serve: kept up, restarted, with a port
 
 
 def job_kind(value: str) -> Optional[JobKind]:
@@ -153,6 +157,7 @@ class Claim(HoldsGpus):
     pid: int = 0
     adopted: bool = False
     preemptible: bool = False  # a run --preemptible job's: it yields to anyone's claim
+    keep_when_idle: bool = False  # a service's (serve): the idle policy never releases it
 
     def with_expiry(self, expires: float) -> Claim:
         return replace(self, expires=expires)
@@ -172,6 +177,7 @@ class Claim(HoldsGpus):
             "pid": self.pid,
             "adopted": self.adopted,
             "preemptible": self.preemptible,
+            "keep_when_idle": self.keep_when_idle,
         }
 
     @classmethod
@@ -197,6 +203,7 @@ class Claim(HoldsGpus):
             pid=int(d.get("pid") or 0),
             adopted=bool(d.get("adopted", False)),
             preemptible=bool(d.get("preemptible", False)),
+            keep_when_idle=bool(d.get("keep_when_idle", False)),
         )
 
 
@@ -406,6 +413,8 @@ class Job:
     preempted_by: Optional[str] = None  # who it yielded to, once asked
     preempt_deadline: Optional[float] = None  # when its grace ends (storage clock), once asked
     requeued_as: Optional[str] = None  # preempted with --requeue: the id of its next run
+    service: Optional[ServiceSpec] = None  # gpuclaim serve: its port, health check, restarts
+    health: Optional[str] = None  # a service's: a ServiceHealth, as its wrapper last saw it
 
     @property
     def session(self) -> str:
@@ -473,6 +482,11 @@ class Job:
             "preempted_by": self.preempted_by,
             "preempt_deadline": iso(self.preempt_deadline),
             "requeued_as": self.requeued_as,
+            "service": self.service.to_dict() if self.service else None,
+            "health": self.health,
+            # where a service answers: its node's name as gpuclaim knows it (forward for a
+            # tunnel from the laptop)
+            "url": self.service.url(first.node) if self.service and first else None,
         }
 
     @classmethod
@@ -522,6 +536,10 @@ class Job:
             preempted_by=d.get("preempted_by"),
             preempt_deadline=parse_iso(d.get("preempt_deadline")),
             requeued_as=d.get("requeued_as"),
+            service=ServiceSpec.from_dict(d["service"])
+            if isinstance(d.get("service"), dict)
+            else None,
+            health=d.get("health"),
         )
 
 

@@ -206,8 +206,10 @@ class ReadLogResponse(TypedDict):
     size: int
 
 
-class NodeFactsRequest(TypedDict):
-    """Nothing to say."""
+class NodeFactsRequest(TypedDict, total=False):
+    """``port``: say whether a process listens on it (a service's port, at submit)."""
+
+    port: int
 
 
 class NodeFactsResponse(TypedDict):
@@ -215,6 +217,7 @@ class NodeFactsResponse(TypedDict):
     port: int  # a free port: a gang's MASTER_PORT
     jupyter: Optional[str]
     shell: str
+    port_in_use: bool  # the request's port: something listens on it (False if none asked)
 
 
 class HardwareRequest(TypedDict):

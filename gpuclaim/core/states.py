@@ -40,6 +40,18 @@ class JobState(str, Enum):
         return self.value
 
 
+class ServiceHealth(str, Enum):
+    """How a service (``gpuclaim serve``) is doing; its job's state stays ``running``."""
+
+    STARTING = "starting"  # started (or restarted), no answer yet, within --health-start
+    HEALTHY = "healthy"  # its last check answered
+    UNHEALTHY = "unhealthy"  # checks failed in a row (fewer than make it restart)
+    RESTARTING = "restarting"  # it exited or stopped answering: waiting to start again
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class FaceState(str, Enum):
     """What a GPU's row shows: its GpuState, or a face only a display has."""
 

@@ -51,6 +51,7 @@ from gpuclaim.engine.preempt import (
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
+CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plus this
 
 
 @dataclass
@@ -101,7 +102,7 @@ def claim_gpus(
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now.
     With ``say`` (a caller that can wait), GPUs held by preemptible jobs count too: they are
     asked to yield, ``say`` tells for whom it waits, and the claim gets exactly their GPUs."""
-    duration = _checked_duration(config, req.duration_s)
+    duration = _checked_duration(config, req.duration_s, req.service)
     booked = None
     if req.reservation:
         booked = booking_for(
@@ -144,6 +145,7 @@ def claim_gpus(
             pid=os.getpid(),
             adopted=req.adopt,
             preemptible=req.preemptible,
+            keep_when_idle=req.keep_when_idle,
         )
         try:
             store.acquire(claim)
@@ -558,11 +560,12 @@ def held_gpus(snapshot: Snapshot) -> dict[str, int]:
     return held
 
 
-def _checked_duration(config: Config, duration_s: Optional[float]) -> float:
+def _checked_duration(config: Config, duration_s: Optional[float], service: bool = False) -> float:
     duration = duration_s if duration_s is not None else config.limits.default_time_s
-    if duration > config.limits.max_time_s:
+    limit = config.limits.max_service_time_s if service else config.limits.max_time_s
+    if duration > limit + (CLAIM_MARGIN_S if service else 0.0):
         raise UsageError(
             f"--time {format_duration(duration)} is longer than this cluster's limit of "
-            f"{format_duration(config.limits.max_time_s)}"
+            f"{format_duration(limit)}"
         )
     return duration

@@ -52,6 +52,7 @@ def apply_policy(
             or status.state != GpuState.CLAIMED
             or verdict is None
             or not verdict.idle
+            or status.claim.keep_when_idle  # a service: idle by design, not worth a word
         ):
             continue
         idle_claims.append((status.claim, verdict))
@@ -78,6 +79,8 @@ def apply_policy(
             continue
         if claim.job and not policy.release_jobs:
             continue  # never a running job's GPUs unless the admin chose that
+        if claim.keep_when_idle:
+            continue  # a service idles at night by design (serve --idle-release to allow)
         status = view.snapshot.claims[claim.id]
         removed = False
         for gpu_uuid in status.present:

@@ -27,6 +27,7 @@ from gpuclaim.core.events import job_event
 from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import EventType, Job, JobKind, iso
 from gpuclaim.core.priority import MAX_NICE, parse_entry
+from gpuclaim.core.service import ServiceSpec
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.engine.bookings import booking_for, settle_bookings
@@ -49,6 +50,7 @@ from gpuclaim.engine.launch import (
     start_ranks,
 )
 from gpuclaim.engine.preempt import Say
+from gpuclaim.engine.services import settle_port
 from gpuclaim.engine.sync import SyncPlan, push_copies
 from gpuclaim.store import Store
 
@@ -80,6 +82,7 @@ class RunRequest:
     preemptible: bool = False  # --preemptible: yields its GPUs to anyone who needs them
     requeue: bool = False  # --requeue: back to the queue when preempted
     preempt_signal: str = "USR1"  # --preempt-signal: what it gets first when preempted
+    service: Optional[ServiceSpec] = None  # gpuclaim serve: port (0: auto), health, restarts
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -129,11 +132,14 @@ def checked_time(config: Config, req: RunRequest) -> float:
             f"{req.count * req.nodes} GPUs can never start: this cluster's limit is "
             f"{limit} GPUs per user (max_gpus_per_user)"
         )
-    time_s = req.time_s if req.time_s is not None else config.limits.default_time_s
-    if time_s > config.limits.max_time_s:
+    service = req.kind == JobKind.SERVICE
+    longest = config.limits.max_service_time_s if service else config.limits.max_time_s
+    default = longest if service else config.limits.default_time_s  # a service: till the limit
+    time_s = req.time_s if req.time_s is not None else default
+    if time_s > longest:
         raise UsageError(
             f"--time {format_duration(time_s)} is longer than this cluster's limit of "
-            f"{format_duration(config.limits.max_time_s)}"
+            f"{format_duration(longest)}" + (" for a service (max_service_time)" if service else "")
         )
     return time_s
 
@@ -167,6 +173,7 @@ def job_from_request(
         preemptible=req.preemptible,
         requeue=req.requeue,
         preempt_signal=req.preempt_signal,
+        service=req.service,
         **more,
     )
 
@@ -209,13 +216,14 @@ def submit_job(
             start_keepers(config, ops, job, view)
         return job
     ranks = place_and_claim(config, store, job, prober, view, say=say)
-    if req.sync:
-        try:
+    try:
+        job = settle_port(store, ops, job, ranks[0].node)
+        if req.sync:
             job = _with_copies(config, ops, job, req, [config.node(r.node) for r in ranks])
-        except GpuclaimError:
-            for r in ranks:  # nothing half-started: the GPUs go back
-                release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
-            raise
+    except GpuclaimError:
+        for r in ranks:  # nothing half-started: the GPUs go back
+            release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
+        raise
     job = job.with_(state=JobState.STARTING, ranks=tuple(ranks))
     store.create_job(job=job)
     return start_ranks(config, store, job, ops)

@@ -47,6 +47,7 @@ from gpuclaim.core.protocol import (
 )
 from gpuclaim.core.states import JobState
 from gpuclaim.engine.channel import ask
+from gpuclaim.engine.claims import CLAIM_MARGIN_S as CLAIM_MARGIN_S  # where jobs read it
 from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
@@ -54,8 +55,6 @@ from gpuclaim.engine.placement import ClaimRequest, usable_rows
 from gpuclaim.engine.preempt import Say
 from gpuclaim.engine.sync import TreeCopier
 from gpuclaim.store import Store
-
-CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plus this
 
 
 class NodeOps:
@@ -85,8 +84,9 @@ class NodeOps:
         request = ReadLogRequest(path=path, offset=offset, tail_lines=tail, wait_s=wait_s)
         return self._call(node, READ_LOG, request)
 
-    def facts(self, node: NodeConfig) -> NodeFactsResponse:
-        return self._call(node, NODE_FACTS, NodeFactsRequest())
+    def facts(self, node: NodeConfig, port: Optional[int] = None) -> NodeFactsResponse:
+        request = NodeFactsRequest() if port is None else NodeFactsRequest(port=port)
+        return self._call(node, NODE_FACTS, request)
 
     def sync_target(
         self,
@@ -148,6 +148,8 @@ def place_and_claim(
             job=job.id,
             reservation=job.reservation,
             preemptible=job.preemptible,
+            service=job.service is not None,
+            keep_when_idle=job.service is not None and not job.service.idle_release,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view), say=say)

@@ -22,7 +22,7 @@ from uuid import uuid4
 from gpuclaim.core.config import Config, SlackConfig
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import Event, EventType
+from gpuclaim.core.model import Event, EventType, JobKind
 from gpuclaim.core.states import GpuState, JobState, job_state, unhandled
 from gpuclaim.engine.array_records import ALL_SUCCEEDED
 from gpuclaim.engine.bookings import booking_event
@@ -32,6 +32,7 @@ from gpuclaim.store import Store
 # The ``[slack] events`` name of the messages that a node became unreachable.
 UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
 PREEMPTED_MESSAGES = JobState.PREEMPTED.value  # a preemptible job yields its GPUs
+SERVICE_MESSAGES = JobKind.SERVICE.value  # a service went down, came back (gave up: its end)
 # Event types that become messages, and their names in ``[slack] events``.
 MESSAGE_EVENTS: dict[str, str] = {
     EventType.JOB_START: "job_started",
@@ -45,6 +46,8 @@ MESSAGE_EVENTS: dict[str, str] = {
     EventType.FORCE_RELEASE: "forced",
     EventType.FORCE_KILL: "forced",
     EventType.PREEMPT: PREEMPTED_MESSAGES,
+    EventType.SERVICE_DOWN: SERVICE_MESSAGES,
+    EventType.SERVICE_BACK: SERVICE_MESSAGES,
     EventType.CLAIM_EXPIRING: "expiring",
     EventType.BUSY_UNCLAIMED: "busy_unclaimed",
     EventType.NODE_UNREACHABLE: UNREACHABLE_MESSAGES,
@@ -65,6 +68,7 @@ DEFAULT_EVENTS = (
     "forced",
     "reservation",
     PREEMPTED_MESSAGES,
+    SERVICE_MESSAGES,
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -166,6 +170,8 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
         text = f"{icon} {who}'s job *{extra.get('job')}* {state}"
         if extra.get("exit_code") is not None and state != JobState.SUCCEEDED:
             text += f" (exit code {extra['exit_code']})"
+        if reason.startswith("gave up"):  # a service that kept dying: why it stays down
+            text += f": {reason}"
         details = f"{where} · {format_duration(duration)} · {gpus * duration / 3600:.2f} GPU-h"
         tail = extra.get("log_tail")
         blocks = [_section(text), _context(details)]
@@ -196,6 +202,11 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
             f"⏏ {who}'s preemptible job *{extra.get('job')}* yields {where} to "
             f"{_esc(event.by or '?')} and {then}"
         )
+    elif event.type == EventType.SERVICE_DOWN:
+        text = f"🔻 {who}'s service *{extra.get('job')}* on {where} is down: {reason}; restarting"
+    elif event.type == EventType.SERVICE_BACK:
+        restarts = extra.get("restarts")
+        text = f"🔺 {who}'s service *{extra.get('job')}* on {where} is back (restart {restarts})"
     elif event.type == EventType.EXPIRE:
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == EventType.CLAIM_EXPIRING:

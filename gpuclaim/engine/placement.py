@@ -34,6 +34,8 @@ class ClaimRequest:
     adopt: bool = False
     reservation: Optional[str] = None  # claim exactly the GPUs of one's own booking
     preemptible: bool = False  # a run --preemptible job's: yields to others, preempts nobody
+    service: bool = False  # a service's (serve): max_service_time, not max_time
+    keep_when_idle: bool = False  # ... that the idle policy never releases
 
 
 def hold_until(row: GpuRow, req: ClaimRequest, now: float, until: float) -> float:

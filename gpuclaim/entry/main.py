@@ -47,6 +47,14 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "short_help": "Run a command on claimed GPUs in tmux on a node, or queue it.",
         },
     ),
+    "serve": (
+        "gpuclaim.cli.serve",
+        "serve",
+        {
+            "context_settings": {"allow_interspersed_args": False},
+            "short_help": "A service that stays up: restarted, health-checked, with a port.",
+        },
+    ),
     "jobs": (
         "gpuclaim.cli.jobs",
         "jobs",
@@ -262,7 +270,7 @@ def _quiet_libraries(debug: bool) -> None:
 # Commands that look at nodes first thing: on the first call of the day their SSH sessions
 # start before the command's own imports (remote.early). Which nodes: --node / --gpu's.
 _LOOKS_AT_NODES = frozenset(
-    {"status", "ls", "board", "claim", "run", "reserve", "shell", "notebook"}
+    {"status", "ls", "board", "claim", "run", "serve", "reserve", "shell", "notebook"}
 )
 
 

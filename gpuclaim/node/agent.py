@@ -181,7 +181,8 @@ def _read_log(request: protocol.ReadLogRequest) -> protocol.ReadLogResponse:
 def _node_facts(request: protocol.NodeFactsRequest) -> protocol.NodeFactsResponse:
     from gpuclaim.node.runner import node_facts
 
-    return node_facts()
+    port = request.get("port")
+    return node_facts(int(port) if port is not None else None)
 
 
 def _hardware(request: protocol.HardwareRequest) -> protocol.HardwareResponse:

@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError, NameInUseError
 from gpuclaim.node.home import agent_entry, jobs_home
@@ -157,10 +157,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def node_facts() -> NodeFactsResponse:
+def node_facts(port: Optional[int] = None) -> NodeFactsResponse:
     return {
         "hostname": socket.gethostname(),
         "port": free_port(),
         "jupyter": shutil.which("jupyter"),
         "shell": os.environ.get("SHELL") or "/bin/bash",
+        "port_in_use": port is not None and port_in_use(port),
     }
+
+
+def port_in_use(port: int) -> bool:
+    """Does a process listen on ``port`` here (on any address)? Binding says it: a port
+    bound by anyone, even on one address only, refuses a bind to all of them (SO_REUSEADDR:
+    a connection of a server that just stopped, in TIME_WAIT, is no listener)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
