@@ -52,6 +52,7 @@ NO_JSON = {
     ("init",): "writes a file and names it",
     ("demo",): "a guided tour, for people",
     ("board",): "a screen (status --json has the data)",
+    ("forward",): "a tunnel in the foreground (jobs --json has the service's url)",
     ("export", "slurm"): "writes files and names them",
     ("export", "sbatch"): "prints a script",
 }

@@ -118,6 +118,37 @@ def _answer(port: int):
         return None
 
 
+def test_forward_reaches_a_service_from_the_laptop(one_node, tmp_path):
+    import subprocess
+    import sys
+
+    c = one_node
+    job = _serve(c, tmp_path, "fwd")
+    _until(lambda: _answer(job["port"]), 20, "it answers on the node")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    printed = c.ok("forward", "fwd", "--port", str(local), "--print", user="bob")
+    assert f"-L 127.0.0.1:{local}:127.0.0.1:{job['port']}" in printed and "node01" in printed
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "forward", "fwd", "--port", str(local)],
+        env=c.env(user="bob"),  # anyone's service: a shared endpoint
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = _until(lambda: _answer(local), 20, "the forward answers")
+        assert seen["port"] == job["port"]  # the service itself, through the tunnel
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert f"http://127.0.0.1:{local}/" in out, (out, err)
+    missing = c.cli("forward", "nope")
+    assert missing.returncode == 1 and "no running service 'nope'" in missing.stderr
+    c.ok("kill", "fwd")
+
+
 def test_a_service_that_keeps_dying_gives_up_and_frees_its_gpus(one_node, tmp_path):
     c = one_node
     c.json(

@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "short_help": "A service that stays up: restarted, health-checked, with a port.",
         },
     ),
+    "forward": (
+        "gpuclaim.cli.forward",
+        "forward",
+        {"short_help": "A service's port on this machine, through SSH, until Ctrl-C."},
+    ),
     "jobs": (
         "gpuclaim.cli.jobs",
         "jobs",

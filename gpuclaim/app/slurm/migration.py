@@ -149,6 +149,12 @@ def _command_mapping(
             "see Preemptible jobs below",
         ),
         (
+            "`gpuclaim serve --name llm -- CMD`",
+            "no services in SLURM: a long `sbatch --requeue` job whose script restarts CMD in a"
+            " loop, or a second system (Kubernetes) for endpoints",
+            "health checks, the fixed port and `forward` have no SLURM counterpart",
+        ),
+        (
             "`gpuclaim reserve -n 4 --start thu 09:00 --time 8h`",
             "the administrator's `scontrol create reservation`; then `sbatch --reservation=NAME`",
             "users cannot reserve on their own; `scontrol show reservation` lists them",
