@@ -13,6 +13,7 @@ booking that ends by itself moments later.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import time
@@ -24,8 +25,9 @@ from gpuclaim.core.booking import Booking
 from gpuclaim.core.config import Config
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import ConflictError, GpuclaimError, StoreError
+from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
-from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType, Job, iso
+from gpuclaim.core.model import Claim, ClaimedGpu, EventType, Job, iso
 from gpuclaim.core.states import GpuState, started
 from gpuclaim.engine.bookings import blocking, new_booking_id
 from gpuclaim.engine.cluster import ClusterView, GpuRow
@@ -271,20 +273,9 @@ def _ask_to_yield(
         },
         only_from=[job.state],
     )
-    store.append_event(
-        Event(
-            ts=now,
-            type=EventType.PREEMPT,
-            user=claim.user,
-            claim_id=claim.id,
-            node=claim.node,
-            gpus=tuple(claim.indices),
-            gpu_uuids=tuple(claim.uuids),
-            since=claim.since,
-            by=by,
-            extra={"job": job.name, "job_id": job.id, "requeue": job.requeue},
-        )
-    )
+    event = claim_event(EventType.PREEMPT, claim, now, by=by)
+    extra = {"job": job.name, "job_id": job.id, "requeue": job.requeue}
+    store.append_event(dataclasses.replace(event, extra=extra))
 
 
 def _wait_until_gone(store: Store, handover: Handover, until: float, late: str) -> None:
