@@ -18,6 +18,7 @@ from gpuclaim.board.app import make_app
 from gpuclaim.board.services import BoardOptions, BoardServices
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.model import Claim, ClaimedGpu, Gpu, GpuProcess, Job, JobRank, NodeInventory
+from gpuclaim.core.service import ServiceSpec
 from gpuclaim.engine.cluster import NodeProber
 from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps
 from gpuclaim.store import ClaimStore
@@ -157,6 +158,65 @@ def _job(
     return job
 
 
+def _service(
+    cluster: Synthetic,
+    node: str,
+    indices: Sequence[int],
+    user: str,
+    name: str,
+    port: int,
+    health: str,
+    restarts: int = 0,
+) -> Job:
+    """A service as ``serve`` leaves it: its record (health, restarts, up 2 h), its claim
+    (a service's) and its wrapper's heartbeat, beating now, or 10 minutes ago when down."""
+    store = cluster.store
+    gpus = [cluster.prober.inventories[node].gpus[i] for i in indices]
+    started = T0 - 3 * 3600
+    claim_id = f"c-svc-{name}"
+    uuids = tuple(g.uuid for g in gpus)
+    rank = JobRank(0, node, tuple(indices), uuids, claim_id, "running", started=started)
+    job = Job(
+        id=f"j-{name}",
+        name=name,
+        user=user,
+        argv=("vllm", "serve"),
+        state="running",
+        submitted=started - 1,
+        time_limit_s=30 * 86400,
+        kind="service",
+        ranks=(rank,),
+        started=started,
+        service=ServiceSpec(port=port, health_path="/health"),
+        health=health,
+        restarts=restarts,
+        up_since=T0 - 2 * 3600,
+    )
+    store.create_job(job)
+    claimed = tuple(ClaimedGpu(u, i) for u, i in zip(uuids, indices))
+    limit = started - 1 + job.time_limit_s + CLAIM_MARGIN_S
+    note = f"job {name}"
+    store.acquire(
+        Claim(claim_id, user, node, claimed, started - 1, limit, note=note, job=job.id,
+              host="elsewhere", keep_when_idle=True, service=True)
+    )  # fmt: skip
+    store.beat(claim_id, 10.0)
+    beat_at = T0 - 600 if health == "down" else T0
+    os.utime(store.root / "beats" / claim_id, (beat_at, beat_at))
+    return job
+
+
+def services_cluster(root: Path) -> Synthetic:
+    """Two nodes: alice's healthy vLLM endpoint on two GPUs of node01 (restarted once), a
+    training job beside it, and bob's embedding service whose node stopped hearing from it
+    (down: the next look starts it again)."""
+    cluster = synthetic_cluster(root, 2, 4, busy_every=100)
+    _service(cluster, "node01", (0, 1), "alice", "llm", 41234, "healthy", restarts=1)
+    _job(cluster, "node01", 3, "bob", "resnet", ran_s=1800, limit_s=4 * 3600)
+    _service(cluster, "node02", (3,), "bob", "embed", 8000, "down")
+    return cluster
+
+
 def services_for(cluster: Synthetic, **options: Any) -> BoardServices:
     return BoardServices(
         config=cluster.config,
@@ -217,6 +277,12 @@ def test_board_small_80x24(snap_compare: Any, tmp_path: Path) -> None:
 
 def test_board_small_200x60(snap_compare: Any, tmp_path: Path) -> None:
     assert _snap(snap_compare, services_for(small_cluster(tmp_path)), (200, 60))
+
+
+def test_board_services_120x24(snap_compare: Any, tmp_path: Path) -> None:
+    # a service's row: its name and port, health, uptime, restarts and URL; the detail bar
+    # (its first GPU selected) says how to reach it
+    assert _snap(snap_compare, services_for(services_cluster(tmp_path)), (120, 24))
 
 
 def test_board_32_nodes_200x60(snap_compare: Any, tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ NO_JSON = {
 }
 # Commands that act take -q/--quiet: nothing but errors, the exit code says the rest.
 QUIET = {
+    "status",  # a look for its side effects (cron), printing nothing but errors
+    "ls",
     "claim",
     "release",
     "extend",
@@ -220,6 +222,7 @@ def test_quiet_prints_nothing_but_errors(cluster: Any) -> None:
         ("serve", "-q", "--name", "s", "--", "sleep", "30"),
         ("kill", "s", "-q"),
         ("gc", "-q"),
+        ("status", "-q"),
         ("drain", "node01", "-q"),
         ("undrain", "node01", "-q"),
         ("reserve", "-n", "1", "--start", "+1h", "--time", "1h", "-q"),

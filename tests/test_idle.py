@@ -129,6 +129,7 @@ def test_the_idle_policy_leaves_a_service_alone_even_where_it_stops_idle_jobs(te
     assert jobs["api"]["state"] == "running"
     held = [r for r in c.status() if r["claim"] and r["claim"]["job"] == jobs["api"]["id"]]
     assert held and held[0]["utilization_pct"] == 0
+    assert held[0]["claim"]["idle"] is False and held[0]["service"]["name"] == "api"
     assert not [
         e
         for e in _events(c)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 here = sys.argv[1]
 port = int(os.environ["GPUCLAIM_PORT"])
 open(os.path.join(here, "starts"), "a").write(f"{os.getpid()}\n")
+print(f"serving on {port}", flush=True)
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/exit":
@@ -83,6 +86,13 @@ def test_a_service_answers_on_its_port_restarts_when_killed_or_sick(one_node, tm
     assert row["restarts"] == 0
     seen = json.loads(_get(port))
     assert seen["port"] == port and seen["gpus"] == ",".join(map(str, job["gpus"]))
+    # status shows it: its GPU's row names it, and a table of services says how it does
+    [held] = [r for r in c.status() if r["service"]]
+    service = held["service"]
+    assert (service["name"], service["url"], service["health"]) == ("api", row["url"], "healthy")
+    assert service["restarts"] == 0 and 0 <= service["up_s"] < 60 and held["index"] in job["gpus"]
+    shown = c.ok("status")
+    assert "SERVICE" in shown and f"service api {row['url']} (healthy)" in shown, shown
     first_pid = seen["pid"]
     # it dies (exit 1): back on the same port, the restart counted
     _get(port, "/exit")
@@ -194,3 +204,101 @@ def test_bad_serve_flags_are_one_line_exit_2(one_node, args, words):
     proc = one_node.cli("serve", "--name", "x", *args, "--", "true")
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_rebooted_nodes_service_comes_back_at_the_next_look(one_node, tmp_path):
+    c = one_node
+    job = _serve(c, tmp_path, "llm")
+    port = job["port"]
+    _until(lambda: _service(c, "llm")["health"] == "healthy", 20, "healthy")
+    before = _answer(port)
+    c.testbed.reboot_node("node01")
+    assert _answer(port) is None
+    # Nobody has looked yet: its beats stopped, its GPU stays its own, shown down
+    down = _until(lambda: (r := _service(c, "llm"))["health"] == "down" and r, 15, "down")
+    assert down["state"] == "running"
+    gpu = job["gpus"][0]
+    refused = c.cli("claim", "--gpu", f"node01:{gpu}", user="bob")
+    assert refused.returncode == 3, refused.stderr
+    # Two looks at once: one starts it again, the other does not start it twice
+    looks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpuclaim", "status"],
+            env=c.env(user),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for user in ("alice", "bob")
+    ]
+    said = [p.communicate(timeout=60) for p in looks]
+    assert [p.returncode for p in looks] == [0, 0], said
+    started = [err for _, err in said if "started alice's service llm again on node01" in err]
+    assert len(started) == 1, said
+    t0 = time.monotonic()
+    back = _until(lambda: _answer(port), 30, "back on its port")
+    print(f"a rebooted node's service answered {time.monotonic() - t0:.1f} s after the look")
+    assert back["gpus"] == before["gpus"] and back["pid"] != before["pid"]
+    row = _until(lambda: (r := _service(c, "llm"))["health"] == "healthy" and r, 20, "healthy")
+    assert row["restarts"] == 1 and row["port"] == port and row["gpus"] == job["gpus"]
+    claims = [r["claim"] for r in c.status() if r["claim"]]
+    assert [cl["job"] for cl in claims] == [job["id"]] and claims[0]["id"] == job["ranks"][0][
+        "claim_id"
+    ]
+    # Later looks leave it be; its log kept what it said before the reboot
+    again = c.cli("status")
+    assert "again" not in again.stderr, again.stderr
+    time.sleep(2)
+    assert len((tmp_path / "starts").read_text().split()) == 2
+    log = c.ok("logs", "llm")
+    assert log.count(f"serving on {port}") == 2, log  # the first run's lines are kept
+    assert "gpuclaim: started again (its tmux session on node01 went away)" in log, log
+    c.ok("kill", "llm")
+    _until(lambda: _service(c, "llm")["state"] == "killed", 20, "killed")
+    assert all(r["state"] == "free" for r in c.json("status"))
+
+
+def test_serve_on_named_gpus_and_extend_its_time(one_node, tmp_path):
+    c = one_node
+    job = _serve(c, tmp_path, "pinned", "--gpu", "node01:1", "--time", "1h")
+    assert job["gpus"] == [1] and job["time_limit_s"] == 3600
+    _until(lambda: _service(c, "pinned")["health"] == "healthy", 20, "healthy")
+    assert json.loads(_get(job["port"]))["gpus"] == "1"
+    # the GPU it names is its own: a second service there is refused, another GPU is fine
+    taken = c.cli("serve", "--name", "again", "--gpu", "node01:1", "--", "sleep", "60")
+    assert taken.returncode == 3 and "node01 GPU 1 is held by alice" in taken.stderr
+    [before] = [r["claim"] for r in c.status() if r["claim"]]
+    said = c.ok("extend", "pinned", "--time", "2h")
+    assert said.startswith("Job pinned now ends in 2h59m"), said
+    assert _service(c, "pinned")["time_limit_s"] == 3 * 3600
+    [after] = [r["claim"] for r in c.status() if r["claim"]]
+    assert after["id"] == before["id"] and after["expires"] > before["expires"]
+    over = c.cli("extend", "pinned", "--time", "40d")
+    assert over.returncode == 2 and "for a service" in over.stderr, over.stderr
+    c.ok("kill", "pinned")
+
+
+def test_extend_reaches_a_running_jobs_wrapper(one_node):
+    # A job's limit moves with its claim: the wrapper reads the new one, no timeout at the old
+    c = one_node
+    c.json("run", "--name", "short", "--time", "5s", "--", "sleep", "60")
+    c.ok("extend", "short", "--time", "1m")
+    time.sleep(9)
+    row = _service(c, "short")
+    assert row["state"] == "running" and row["time_limit_s"] == 65, row
+    c.ok("kill", "short")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--gpu", "node01:0", "-n", "2"], "names 1 GPUs, not -n 2"),
+        (["--gpu", "node01:0", "--node", "node02"], "is on node01, not on --node node02"),
+        (["--gpu", "node01"], "--gpu wants NODE:INDEX"),
+        (["--gpu", "node01:0", "--queue"], "not with --queue"),
+    ],
+)
+def test_bad_gpu_flags_are_one_line_exit_2(one_node, args, words):
+    proc = one_node.cli("run", *args, "--", "sleep", "1")
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr

@@ -344,3 +344,36 @@ def test_a_crash_looping_service_is_down_once_and_gives_up_once(make_cluster, sl
     c.ok("status")
     assert len([t for t in slack.texts() if "is down" in t]) == 1, slack.texts()
     assert len([t for t in slack.texts() if "gave up" in t]) == 1
+
+
+def test_a_service_started_again_by_a_look_is_down_once_and_back_once(make_cluster, slack):
+    from test_jobs import _kill_where
+
+    c = make_cluster({"node01": 1}, fast=True, kill_grace="2s", heartbeat="1s")
+    _with_slack(c, slack.url)
+    server = 'exec python3 -m http.server "$GPUCLAIM_PORT" --bind 127.0.0.1'
+    job = c.json("serve", "--name", "web", "--", "sh", "-c", server)
+    _wait_health(c, "web", "healthy")
+    # its wrapper, the server and so its tmux session die at once (as in a reboot)
+    assert _kill_where({}, job["id"].encode()) >= 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"]}, b"http.server") == 1
+    look = c.cli("status")
+    assert "started alice's service web again on node01" in look.stderr, look.stderr
+    down = "service web on node01 GPU 0 is down: its tmux session on node01 went away"
+    slack.wait_for(down, 1)
+    slack.wait_for("service web on node01 GPU 0 is back (restart 1)", 1, timeout=30)
+    slack.let_late_posts_land()
+    c.ok("status")
+    assert len([t for t in slack.texts() if "web" in t and "is down" in t]) == 1, slack.texts()
+    assert len([t for t in slack.texts() if "web" in t and "is back" in t]) == 1
+    c.ok("kill", "web")
+
+
+def _wait_health(c, name: str, health: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        row = next(j for j in c.json("jobs") if j["name"] == name)
+        if row["health"] == health:
+            return
+        assert time.monotonic() < deadline, row
+        time.sleep(0.3)

@@ -752,6 +752,20 @@ class Testbed:
                 found.add(other)
         return found - _self_and_ancestors()
 
+    def reboot_node(self, name: str) -> None:
+        """Every process of the node dies at once (its sshd, warm agent, tmux server, job
+        wrappers and jobs), then its sshd starts again: a reboot, but for the boot id."""
+        victims = self.node_processes(name)
+        for pid in victims:
+            _kill(pid)
+        left = self._wait_dead(victims, 5)
+        if left:
+            raise TestbedError(f"{name}: processes {sorted(left)} survived SIGKILL")
+        self._set_pid(name, "sshd", None)
+        with contextlib.suppress(FileNotFoundError):
+            (self.node_dir(name) / "sshd.pid").unlink()
+        self.start_node(name)
+
     def freeze_node(self, name: str) -> set[int]:
         """Stop (SIGSTOP) the node's sshd and every process of it: a node that hangs (a
         soft lockup, a hung NFS mount), its TCP connections open; ``thaw_node`` resumes."""

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 from rich.text import Text
 
 from gpuclaim.board.data import BoardData, Filters
+from gpuclaim.board.service_cells import service_job_text, service_key, service_note
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim
 from gpuclaim.core.states import (
@@ -248,7 +249,9 @@ def _job_key(row: GpuRow, ctx: RowContext) -> Hashable:
     if not job_id:
         return None
     job = ctx.data.jobs.get(job_id)
-    return (job_id, job.name if job else None, ctx.data.job_states.get(job_id))
+    service = ctx.data.services.get(job_id)
+    shown = service_key(service, ctx.data.now) if service is not None else None
+    return (job_id, job.name if job else None, ctx.data.job_states.get(job_id), shown)
 
 
 def row_key(row: GpuRow) -> str:
@@ -271,8 +274,8 @@ def _groups(rows: Sequence[GpuRow]) -> list[tuple[str, list[GpuRow]]]:
 
 def idle_for(row: GpuRow, data: BoardData) -> Optional[float]:
     """How long a held GPU's claim has sat idle, when it counts as idle (else None)."""
-    if row.claim is None or row.state != GpuState.CLAIMED:
-        return None
+    if row.claim is None or row.state != GpuState.CLAIMED or row.claim.keep_when_idle:
+        return None  # a service idles by design (at night): not worth a mark
     use = data.usage.get(row.claim.id)
     if not use or not use.get("idle"):
         return None
@@ -422,6 +425,10 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
     note = shown_note(claim, ctx.data) if claim is not None else ""
     if note:
         text.append(note)
+    service = ctx.data.services.get(claim.job or "") if claim is not None else None
+    if service is not None:
+        text.append(" · " if note else "", style="dim")
+        text.append_text(service_note(service, ctx.data.now))
     held = row.state == GpuState.CLAIMED and claim is not None
     if row.reason and not held and row.state != GpuState.RESERVED:
         if text.plain and not text.plain.endswith("· "):
@@ -464,6 +471,9 @@ def job_text(job_id: Optional[str], data: BoardData) -> Text:
     job = data.jobs.get(job_id)
     if job is None:
         return Text(job_id, style="dim")
+    service = data.services.get(job_id)
+    if service is not None:
+        return service_job_text(service)
     state = data.job_states.get(job_id, job.state)
     if started(state):
         return Text(job.name, style="green")

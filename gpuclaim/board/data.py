@@ -16,6 +16,7 @@ from gpuclaim.core.usage import usage_view
 from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view
 from gpuclaim.engine.job_records import load_jobs, observed_state
 from gpuclaim.engine.observe import follow_up_look
+from gpuclaim.engine.service_view import ServiceRow, service_rows
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class BoardData:
     node_names: tuple[str, ...] = ()  # every node, in config order
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)  # by claim id (idle marks)
     refusal: str = ""  # why this look recorded nothing: the storage refuses writes
+    services: dict[str, ServiceRow] = field(default_factory=dict)  # started ones by job id
 
     @property
     def now(self) -> float:
@@ -131,6 +133,7 @@ def read_board(
         names,
         usage,
         str(refusal) if refusal else "",
+        {r.job_id: r for r in service_rows(jobs.values(), view.snapshot.claims)},
     )
 
 
@@ -140,7 +143,8 @@ def _usage(
     config, store = services.config, services.store
     refusal = None
     if fold:
-        summaries, refusal = follow_up_look(config, store, view)
+        look = follow_up_look(config, store, view, services.ops)
+        summaries, refusal = look.summaries, look.refusal
     else:
         held = sorted({r.claim.id for r in view.rows if r.claim and r.state == GpuState.CLAIMED})
         summaries = store.usage_summaries(ids=held) if held else {}

@@ -19,6 +19,7 @@ from gpuclaim.board.cells import (
     time_left,
 )
 from gpuclaim.board.data import BoardData
+from gpuclaim.board.service_cells import service_detail
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.states import GpuState, style_of_face
 from gpuclaim.engine.cluster import GpuRow
@@ -33,7 +34,20 @@ class BoardHeader(Static):
     BoardHeader { dock: top; height: 1; background: $panel; padding: 0 1; }
     """
 
+    _parts: Optional[tuple[str, Sequence[Text], str, Text]] = None
+
     def show(self, cluster: str, summaries: Sequence[Text], me: str, freshness: Text) -> None:
+        self._parts = (cluster, summaries, me, freshness)
+        self.refresh()
+
+    def render(self) -> Text:
+        # Fitted when drawn, to the width it is drawn at: a width read when shown could be
+        # the one before the first layout or a resize (the picture then depended on timing).
+        if self._parts is None:
+            return Text("")
+        return self._fit(*self._parts)
+
+    def _fit(self, cluster: str, summaries: Sequence[Text], me: str, freshness: Text) -> Text:
         """The most that fits: the long summary, the user and freshness; else shorter."""
         width = self.size.width - 2
         rights = [Text.assemble((me, "bold cyan"), "  ", freshness), freshness]
@@ -46,7 +60,7 @@ class BoardHeader(Static):
         if left.cell_len > room:
             left.truncate(room, overflow="ellipsis")
         gap = max(1, width - left.cell_len - right.cell_len)
-        self.update(Text.assemble(left, " " * gap, right))
+        return Text.assemble(left, " " * gap, right)
 
 
 class GpuTable(DataTable[Text]):
@@ -181,7 +195,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
             if job is not None:
                 line.append(f" tmux {job.session}", style="dim")
         use = data.usage.get(claim.id)
-        if use and use.get("idle"):
+        if use and use.get("idle") and not claim.keep_when_idle:
             line.append(f" · idle {format_duration(use.get('idle_for_s') or 0)}", "yellow")
         if use and use.get("mean_pct") is not None:
             line.append(f" · mean util {use['mean_pct']:.0f}%", style="dim")
@@ -189,7 +203,10 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
         if note:
             line.append(f" · {note}", style="italic")
         lines.append(line)
-    if row.reason:
+    service = data.services.get(claim.job or "") if claim is not None else None
+    if service is not None:  # its URL and health: more than its processes or its reason
+        lines.append(service_detail(service, data.now))
+    elif row.reason:
         lines.append(Text(row.reason, style=reason_style(row.state)))
     elif g is not None and g.processes:
         procs = ", ".join(

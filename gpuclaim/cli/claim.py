@@ -130,29 +130,38 @@ def release(
 
 def extend(
     ctx: typer.Context,
-    claim_ids: Optional[list[str]] = typer.Argument(
+    targets: Optional[list[str]] = typer.Argument(
         None,
-        metavar="[CLAIM_ID]...",
+        metavar="[CLAIM_ID|JOB]...",
         show_default=False,
         autocompletion=completion.complete_claims,
     ),
     time: str = typer.Option(..., "--time", "-t", help="How much longer: 30m, 2h, 1d."),
-    extend_all: bool = typer.Option(False, "--all", help="All of your claims."),
+    extend_all: bool = typer.Option(False, "--all", help="All of your claims (and their jobs)."),
     as_json: bool = typer.Option(False, "--json", help="Print the extended claims as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
-    """Give your own claim more time (within the cluster's limit)."""
-    from gpuclaim.engine.claims import extend_claims
+    """Give your own claim or job (a service's --time too) more time, within the cluster's
+    limit: a job's claims move with its time limit."""
+    from gpuclaim.engine.extend import extend_claims
 
     st = state(ctx)
-    extended = extend_claims(
-        st.config, st.store, st.user, claim_ids or (), parse_duration(time), extend_all
+    done = extend_claims(
+        st.config, st.store, st.user, targets or (), parse_duration(time), extend_all
     )
     if quiet:
         return
     if as_json:
-        print_json([c.to_dict() for c in extended])
+        print_json([c.to_dict() for c in done.claims])
         return
     now = st.store.now()
-    for c in extended:
-        out().print(f"Claim {c.id} now ends in {format_duration(c.expires - now)}.")
+    for job in done.jobs:
+        if job.ends is not None:
+            out().print(f"Job {job.name} now ends in {format_duration(job.ends - now)}.")
+        else:
+            out().print(
+                f"Job {job.name} now has {format_duration(job.time_limit_s)} when it starts."
+            )
+    for c in done.claims:
+        if not c.job:
+            out().print(f"Claim {c.id} now ends in {format_duration(c.expires - now)}.")

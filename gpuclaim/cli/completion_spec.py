@@ -45,6 +45,13 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'value': None,
                                       'multiple': False,
                                       'help': 'Print JSON rows instead of a table.'},
+                                     {'names': ['-q', '--quiet'],
+                                      'value': None,
+                                      'multiple': False,
+                                      'help': 'Print nothing but errors: a look for its side '
+                                              'effects (a cron line that brings back the services '
+                                              'of a rebooted node, starts queued jobs, applies the '
+                                              'idle policy).'},
                                      {'names': ['-h', '--help'],
                                       'value': None,
                                       'multiple': False,
@@ -62,6 +69,13 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                   'value': None,
                                   'multiple': False,
                                   'help': 'Print JSON rows instead of a table.'},
+                                 {'names': ['-q', '--quiet'],
+                                  'value': None,
+                                  'multiple': False,
+                                  'help': 'Print nothing but errors: a look for its side effects '
+                                          '(a cron line that brings back the services of a '
+                                          'rebooted node, starts queued jobs, applies the idle '
+                                          'policy).'},
                                  {'names': ['-h', '--help'],
                                   'value': None,
                                   'multiple': False,
@@ -150,7 +164,8 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                        'help': 'Show this message and exit.'}],
                           'args': [{'name': 'claim_ids', 'nargs': -1, 'value': 'claims'}],
                           'commands': None},
-              'extend': {'help': "Give your own claim more time (within the cluster's limit).",
+              'extend': {'help': "Give your own claim or job (a service's --time too) more time, "
+                                 'within the...',
                          'hidden': False,
                          'interspersed': True,
                          'options': [{'names': ['-t', '--time'],
@@ -160,7 +175,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      {'names': ['--all'],
                                       'value': None,
                                       'multiple': False,
-                                      'help': 'All of your claims.'},
+                                      'help': 'All of your claims (and their jobs).'},
                                      {'names': ['--json'],
                                       'value': None,
                                       'multiple': False,
@@ -173,7 +188,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                       'value': None,
                                       'multiple': False,
                                       'help': 'Show this message and exit.'}],
-                         'args': [{'name': 'claim_ids', 'nargs': -1, 'value': 'claims'}],
+                         'args': [{'name': 'targets', 'nargs': -1, 'value': 'claims'}],
                          'commands': None},
               'reserve': {'help': 'Book GPUs for a future window; list or cancel bookings.',
                           'hidden': False,
@@ -253,6 +268,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'value': 'nodes',
                                    'multiple': False,
                                    'help': 'Run on this node.'},
+                                  {'names': ['--gpu'],
+                                   'value': 'nodes',
+                                   'multiple': False,
+                                   'help': 'Exactly these GPUs of one node, e.g. node01:0,1 '
+                                           '(instead of -n/--node).'},
                                   {'names': ['--name'],
                                    'value': '',
                                    'multiple': False,
@@ -388,6 +408,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'value': 'nodes',
                                      'multiple': False,
                                      'help': 'Run on this node.'},
+                                    {'names': ['--gpu'],
+                                     'value': 'nodes',
+                                     'multiple': False,
+                                     'help': 'Exactly these GPUs of one node, e.g. node01:0,1 '
+                                             '(instead of -n/--node).'},
                                     {'names': ['--port'],
                                      'value': '',
                                      'multiple': False,

@@ -35,6 +35,7 @@ def run(
     count: flags.Count = None,
     nodes: flags.Nodes = None,
     node: flags.Node = None,
+    gpu: flags.Gpu = None,
     name: flags.Name = None,
     time_: flags.TimeLimit = None,
     workdir: flags.Workdir = None,
@@ -275,7 +276,7 @@ def jobs(
     start, with why they wait), and your recent ones."""
     from gpuclaim.cli.render import jobs_table
     from gpuclaim.core.states import ACTIVE_JOB_STATES
-    from gpuclaim.engine.job_records import load_jobs, observed_state
+    from gpuclaim.engine.job_records import load_jobs, observed_health, observed_state
 
     st = state(ctx, looking=True)
     if explain is not None:
@@ -299,6 +300,7 @@ def jobs(
             continue
         d = job.to_dict()
         d["state"] = observed_state(job, snap.claims)
+        d["health"] = observed_health(job, snap.claims)
         verdict = verdicts.get(job.id) if job.state == JobState.QUEUED else None
         d["queue_position"] = verdict.position if verdict else None
         d["priority"] = round(verdict.priority.value, 1) if verdict else None

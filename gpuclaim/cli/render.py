@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from rich.table import Table
@@ -24,10 +25,14 @@ from gpuclaim.engine.cluster import ClusterView, GpuRow
 
 if TYPE_CHECKING:
     from gpuclaim.app.doctor import NodeHealth
+    from gpuclaim.engine.service_view import ServiceRow
 
 
 def status_table(
-    view: ClusterView, now: float, usage: Optional[dict[str, dict[str, Any]]] = None
+    view: ClusterView,
+    now: float,
+    usage: Optional[dict[str, dict[str, Any]]] = None,
+    services: Optional[Mapping[str, ServiceRow]] = None,
 ) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NODE", "GPU", "NAME", "MEMORY", "UTIL", "STATE", "HOLDER", "LEFT", "NOTE"):
@@ -36,12 +41,39 @@ def status_table(
         else:
             table.add_column(col, no_wrap=True)
     for row in view.rows:
-        table.add_row(*_status_cells(row, now, view, usage or {}))
+        table.add_row(*_status_cells(row, now, view, usage or {}, services or {}))
     return table
 
 
+def services_table(rows: Iterable[ServiceRow], now: float) -> Table:
+    """status's second table: each service, where it answers and how it does."""
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+    for col in ("SERVICE", "USER", "NODE", "GPUS", "URL", "HEALTH", "UP", "RESTARTS"):
+        table.add_column(col, no_wrap=col != "URL", overflow="fold")
+    for r in rows:
+        up = r.up_for(now)
+        table.add_row(
+            r.name,
+            r.user,
+            r.node,
+            ",".join(map(str, r.gpus)),
+            r.url,
+            Text(r.health, style=_HEALTH_STYLE.get(r.health, "")),
+            "" if up is None else format_duration(up),
+            str(r.restarts),
+        )
+    return table
+
+
+_HEALTH_STYLE = {"healthy": "green", "unhealthy": "yellow", "restarting": "yellow", "down": "red"}
+
+
 def _status_cells(
-    row: GpuRow, now: float, view: ClusterView, usage: dict[str, dict[str, Any]]
+    row: GpuRow,
+    now: float,
+    view: ClusterView,
+    usage: dict[str, dict[str, Any]],
+    services: Mapping[str, ServiceRow],
 ) -> list[Any]:
     g = row.gpu
     state = Text(row.state, style=style_of_face(row.state))
@@ -54,6 +86,9 @@ def _status_cells(
     note = ""
     if row.claim is not None:
         note = row.claim.note or (f"job {row.claim.job}" if row.claim.job else "")
+        service = services.get(row.claim.id)
+        if service is not None:  # its URL and health say more than "job NAME"
+            note, row = f"service {service.name} {service.url} ({service.health})", _bare(row)
     if row.reason and row.state != GpuState.CLAIMED:
         note = row.reason if not note else f"{note} ({row.reason})"
     if row.claim is not None and row.state == GpuState.CLAIMED and row.reason:
@@ -65,7 +100,9 @@ def _status_cells(
         note = booking_note(row, now) if booked else note
         if not booked:
             note = f"{note}; {booking_note(row, now)}" if note else booking_note(row, now)
-    use = usage.get(row.claim.id) if row.claim is not None else None
+    # a service idles by design (at night): no idle mark
+    keep = row.claim is None or row.claim.keep_when_idle
+    use = usage.get(row.claim.id) if row.claim is not None and not keep else None
     if use and use.get("idle"):
         state = Text(f"{row.state} (idle {format_duration(use['idle_for_s'])})", style="yellow dim")
     return [
@@ -79,6 +116,11 @@ def _status_cells(
         left,
         Text(note),
     ]
+
+
+def _bare(row: GpuRow) -> GpuRow:
+    """A service's row, its claim's reason (``service down``) said by its health instead."""
+    return replace(row, reason="")
 
 
 def booking_note(row: GpuRow, now: float) -> str:

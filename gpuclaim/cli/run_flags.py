@@ -31,6 +31,15 @@ Node = Annotated[
     Optional[str],
     typer.Option("--node", help="Run on this node.", autocompletion=completion.complete_nodes),
 ]
+Gpu = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gpu",
+        metavar="NODE:I[,J]",
+        help="Exactly these GPUs of one node, e.g. node01:0,1 (instead of -n/--node).",
+        autocompletion=completion.complete_nodes,
+    ),
+]
 Name = Annotated[Optional[str], typer.Option("--name", help="Job name (unique among yours).")]
 TimeLimit = Annotated[Optional[str], typer.Option("--time", "-t", help="Time limit: 30m, 8h, 2d.")]
 Workdir = Annotated[
@@ -174,6 +183,7 @@ class RunFlags:
     count: Optional[int] = None
     nodes: Optional[int] = None
     node: Optional[str] = None
+    gpu: Optional[str] = None
     name: Optional[str] = None
     time_: Optional[str] = None
     workdir: Optional[str] = None
@@ -222,6 +232,29 @@ class RunFlags:
                 raise UsageError(f"{flag} is for --preemptible jobs")
         if self.preemptible and self.reservation:
             raise UsageError("--preemptible work needs no booking: it runs on whatever is idle")
+        if self.gpu is not None:
+            self._check_gpu()
+
+    def _check_gpu(self) -> None:
+        """``--gpu`` names the GPUs itself: a count or a node beside it must agree, and it
+        starts now, on those (a queue, a booking or an array choose GPUs of their own)."""
+        from gpuclaim.engine.claims import parse_gpu_spec
+
+        node, indices = parse_gpu_spec(self.gpu or "")
+        if self.node is not None and self.node != node:
+            raise UsageError(f"--gpu {self.gpu} is on {node}, not on --node {self.node}")
+        if self.count is not None and self.count != len(indices):
+            raise UsageError(f"--gpu {self.gpu} names {len(indices)} GPUs, not -n {self.count}")
+        for flag, given in (
+            ("--nodes", (self.nodes or 1) > 1),
+            ("--queue", self.queue or self.wait),
+            ("--after", bool(self.after or self.after_any)),
+            ("--begin", self.begin is not None),
+            ("--reservation", self.reservation is not None),
+            ("--array/--sweep", self.many),
+        ):
+            if given:
+                raise UsageError(f"--gpu starts it now on those GPUs: not with {flag}")
 
 
 def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: Path) -> RunRequest:
@@ -233,13 +266,21 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
     sync: dict[str, Any] = sync_request(
         flags.sync, flags.sync_dir, flags.workdir, project, here, st.config.sync_max_bytes
     )
+    exact: tuple[int, ...] = ()
+    node, count = flags.node, flags.count
+    if flags.gpu is not None:
+        from gpuclaim.engine.claims import parse_gpu_spec
+
+        node, exact = parse_gpu_spec(flags.gpu)
+        count = len(exact)
     return RunRequest(
         user=st.user,
         argv=tuple(flags.command),
         name=flags.name,
-        count=flags.count or (0 if flags.reservation else project.gpus or 1),
+        count=count or (0 if flags.reservation else project.gpus or 1),
         nodes=flags.nodes or project.nodes or 1,
-        node=flags.node,
+        node=node,
+        gpus=exact,
         time_s=parse_duration(flags.time_) if flags.time_ else project.time_s,
         workdir=absolute_workdir(flags.workdir),
         env=tuple(sorted({**dict(project.env), **dict(flagged_env)}.items())),

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import typer
 
 from gpuclaim.cli import completion
-from gpuclaim.cli.common import out, print_json, state, waiting
+from gpuclaim.cli.common import err, out, print_json, state, waiting
 from gpuclaim.core.errors import ExitCode
 
 
@@ -20,6 +20,13 @@ def status(
         autocompletion=completion.complete_nodes,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="Print nothing but errors: a look for its side effects (a cron line that brings "
+        "back the services of a rebooted node, starts queued jobs, applies the idle policy).",
+    ),
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.core.usage import usage_view
@@ -34,36 +41,79 @@ def status(
         view = build_view(cfg, st.store, nodes, prober=st.prober)
     if not node:  # the whole picture: what completion offers next time
         completion.remember_view(cfg.path, view)
-    summaries, refusal = follow_up_look(cfg, st.store, view)
-    if refusal:
-        st.refused(refusal)
+    look = follow_up_look(cfg, st.store, view, st.ops)
+    if look.refusal:
+        st.refused(look.refusal)
+    say_revival(look.revival, quiet)
     usage = {
         cid: usage_view(summary, view.snapshot.now, cfg.idle.window_s)
-        for cid, summary in summaries.items()
+        for cid, summary in look.summaries.items()
     }
-    if as_json:
+    services = services_held(st.store, view)
+    if quiet:
+        for name in view.unreachable:
+            err().print(_unreachable_line(view, name), markup=False)
+    elif as_json:
         rows = []
         for r in view.rows:
             d = r.to_dict()
             if d["claim"] is not None:
                 d["claim"]["usage"] = usage.get(r.claim.id) if r.claim else None
-                d["claim"]["idle"] = bool(d["claim"]["usage"] and d["claim"]["usage"]["idle"])
+                idle = bool(d["claim"]["usage"] and d["claim"]["usage"]["idle"])
+                d["claim"]["idle"] = idle and not (r.claim and r.claim.keep_when_idle)
+            service = services.get(r.claim.id) if r.claim else None
+            d["service"] = service.to_dict(view.snapshot.now) if service else None
             rows.append(d)
         print_json(rows)
     else:
-        from gpuclaim.cli.render import status_summary, status_table  # rich's tables: 60 ms
+        from gpuclaim.cli.render import services_table, status_summary, status_table
 
-        console = out()
+        console = out()  # rich's tables: 60 ms, not spent for --json or -q
         console.print(f"[bold]{cfg.cluster}[/bold]: {status_summary(view)}")
-        console.print(status_table(view, view.snapshot.now, usage))
+        console.print(status_table(view, view.snapshot.now, usage, services))
+        if services:
+            console.print()
+            console.print(services_table(services.values(), view.snapshot.now))
         for name in view.unreachable:
-            error = str(view.inventories[name].error)
-            said = error if error.startswith(f"{name}:") else f"{name}: {error}"
-            console.print(said, style="red", markup=False)
+            console.print(_unreachable_line(view, name), style="red", markup=False)
         with st.side_work():
             _advise_slurm_once(view, st.store, console)
     if view.unreachable:
         raise typer.Exit(ExitCode.UNREACHABLE)
+
+
+def services_held(store: Any, view: Any) -> dict[str, Any]:
+    """The services holding GPUs in the view, by claim id (their records read only then)."""
+    from gpuclaim.engine.service_view import service_row
+
+    found = {}
+    for status in view.snapshot.claims.values():
+        if status.claim.service and status.claim.job:
+            job = store.load_job(job_id=status.claim.job)
+            row = service_row(job, view.snapshot.claims) if job is not None else None
+            if row is not None:
+                found[status.claim.id] = row
+    return found
+
+
+def _unreachable_line(view: Any, name: str) -> str:
+    error = str(view.inventories[name].error)
+    return error if error.startswith(f"{name}:") else f"{name}: {error}"
+
+
+def say_revival(revival: Any, quiet: bool = False) -> None:
+    """Services this look started again, on stderr (``--json`` stays parseable)."""
+    for job, cause in [] if quiet else revival.started:
+        where = job.ranks[0].node if job.ranks else "its node"
+        err().print(
+            f"started {job.user}'s service {job.name} again on {where} ({cause})", markup=False
+        )
+    for job, error in revival.failed:
+        err().print(
+            f"warning: could not start {job.user}'s service {job.name} again: {error}"
+            " (the next look tries again)",
+            markup=False,
+        )
 
 
 def _advise_slurm_once(view: Any, store: Any, console: Any) -> None:

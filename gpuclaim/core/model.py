@@ -158,6 +158,7 @@ class Claim(HoldsGpus):
     adopted: bool = False
     preemptible: bool = False  # a run --preemptible job's: it yields to anyone's claim
     keep_when_idle: bool = False  # a service's (serve): the idle policy never releases it
+    service: bool = False  # a service's: kept while it should run, its node gone or not
 
     def with_expiry(self, expires: float) -> Claim:
         return replace(self, expires=expires)
@@ -178,6 +179,7 @@ class Claim(HoldsGpus):
             "adopted": self.adopted,
             "preemptible": self.preemptible,
             "keep_when_idle": self.keep_when_idle,
+            "service": self.service,
         }
 
     @classmethod
@@ -204,6 +206,7 @@ class Claim(HoldsGpus):
             adopted=bool(d.get("adopted", False)),
             preemptible=bool(d.get("preemptible", False)),
             keep_when_idle=bool(d.get("keep_when_idle", False)),
+            service=bool(d.get("service", False)),
         )
 
 
@@ -384,6 +387,7 @@ class Job:
     gpus_per_node: int = 1
     nodes_wanted: int = 1
     node: Optional[str] = None  # pinned with --node
+    gpu_indices: tuple[int, ...] = ()  # run/serve --gpu: exactly these GPUs of ``node``
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
     kind: str = JobKind.BATCH  # a JobKind; from a record, its text (a newer one is kept)
@@ -415,6 +419,7 @@ class Job:
     requeued_as: Optional[str] = None  # preempted with --requeue: the id of its next run
     service: Optional[ServiceSpec] = None  # gpuclaim serve: its port, health check, restarts
     health: Optional[str] = None  # a service's: a ServiceHealth, as its wrapper last saw it
+    up_since: Optional[float] = None  # a service's: when its process last (re)started
 
     @property
     def session(self) -> str:
@@ -465,6 +470,7 @@ class Job:
             "gpus_per_node": self.gpus_per_node,
             "nodes_wanted": self.nodes_wanted,
             "pinned_node": self.node,
+            "pinned_gpus": list(self.gpu_indices),
             "ranks": [r.to_dict() for r in self.ranks],
             "reason": self.reason,
             "stop_requested": self.stop_requested,
@@ -484,6 +490,7 @@ class Job:
             "requeued_as": self.requeued_as,
             "service": self.service.to_dict() if self.service else None,
             "health": self.health,
+            "up_since": iso(self.up_since),
             # where a service answers: its node's name as gpuclaim knows it (forward for a
             # tunnel from the laptop)
             "url": self.service.url(first.node) if self.service and first else None,
@@ -506,6 +513,7 @@ class Job:
             gpus_per_node=int(d.get("gpus_per_node", 1)),
             nodes_wanted=int(d.get("nodes_wanted", 1)),
             node=d.get("pinned_node"),
+            gpu_indices=tuple(int(i) for i in d.get("pinned_gpus") or ()),
             # records from before "requested" held the asked workdir in "workdir"
             workdir=asked.get("workdir") if asked is not None else d.get("workdir"),
             env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
@@ -540,6 +548,7 @@ class Job:
             if isinstance(d.get("service"), dict)
             else None,
             health=d.get("health"),
+            up_since=parse_iso(d.get("up_since")),
         )
 
 

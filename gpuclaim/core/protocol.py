@@ -86,6 +86,7 @@ class RankSpec(TypedDict):
     idle_threshold_pct: float
     gang: GangEnv
     placed: PlacedSpec
+    revived: str  # a service started again after its node rebooted: why it was down; else ""
 
 
 class WrapperSpec(RankSpec):

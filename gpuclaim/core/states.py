@@ -24,6 +24,11 @@ class GpuState(str, Enum):
         return self.value
 
 
+# Why a job's claim is held with no wrapper beating for it: a service (serve) whose node
+# rebooted or went away. Its GPUs stay its own; the next look at the node starts it again.
+SERVICE_DOWN = "service down"
+
+
 class JobState(str, Enum):
     QUEUED = "queued"
     STARTING = "starting"
@@ -47,6 +52,7 @@ class ServiceHealth(str, Enum):
     HEALTHY = "healthy"  # its last check answered
     UNHEALTHY = "unhealthy"  # checks failed in a row (fewer than make it restart)
     RESTARTING = "restarting"  # it exited or stopped answering: waiting to start again
+    DOWN = "down"  # its node rebooted or cannot be reached: it comes back at the next look
 
     def __str__(self) -> str:
         return self.value

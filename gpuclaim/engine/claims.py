@@ -146,6 +146,7 @@ def claim_gpus(
             adopted=req.adopt,
             preemptible=req.preemptible,
             keep_when_idle=req.keep_when_idle,
+            service=req.service,
         )
         try:
             store.acquire(claim)
@@ -158,7 +159,7 @@ def claim_gpus(
             continue
         # Linked first, bookings read second: a booking made meanwhile is seen here (or it
         # saw this claim after its own write; store.bookings says why that is enough).
-        clash = _booked_meanwhile(store, claim, req)
+        clash = booked_meanwhile(store, claim, req)
         if clash is not None:
             _remove_own(store, claim)
             if req.exact or req.adopt or attempt == RACE_RETRIES - 1:
@@ -233,22 +234,7 @@ def _within(
     return dataclasses.replace(req, exact=((booked.node, indices),), node=None)
 
 
-def _check_bookings_allow(
-    bookings: Sequence[Booking], claim: Claim, now: float, until: float
-) -> None:
-    for uuid in claim.uuids:
-        b = blocking(bookings, uuid, claim.user, now, until)
-        if b is not None:
-            shared = [g.index for g in claim.gpus if g.uuid in b.uuids]
-            room = b.start - claim.expires
-            hint = f"you can add up to {format_duration(room)}" if room >= 60 else None
-            raise ConflictError(
-                f"claim {claim.id} cannot be extended: {blocked_message(b, shared, now, until)}",
-                hint=hint,
-            )
-
-
-def _booked_meanwhile(
+def booked_meanwhile(
     store: Store, claim: Claim, req: Optional[ClaimRequest] = None
 ) -> Optional[Booking]:
     bookings = store.bookings() if req is None else bookings_against(req, store.bookings())
@@ -373,62 +359,6 @@ def _job_names(store: Store, statuses: dict[str, ClaimStatus]) -> str:
         if status.claim.job and name not in names:
             names.append(name)
     return ", ".join(names)
-
-
-def extend_claims(
-    config: Config,
-    store: Store,
-    user: str,
-    claim_ids: Sequence[str],
-    extra_s: float,
-    extend_all: bool = False,
-) -> list[Claim]:
-    """Add ``extra_s`` to one's own live claims, keeping ``expires - now <= max_time``."""
-    snap = store.snapshot()
-    if extend_all:
-        chosen = [s for s in snap.claims.values() if s.claim.user == user]
-        if not chosen:
-            raise GpuclaimError(f"{user} holds no claims")
-    else:
-        if not claim_ids:
-            raise UsageError("name a claim id to extend, or --all")
-        chosen = []
-        for cid in claim_ids:
-            status = snap.claims.get(cid)
-            if status is None:
-                raise GpuclaimError(f"no claim {cid!r}", hint="see 'gpuclaim status'")
-            chosen.append(status)
-    result = []
-    for status in chosen:
-        claim = status.claim
-        if claim.user != user:
-            raise ConflictError(
-                f"claim {claim.id} belongs to {claim.user}; only they can extend it"
-            )
-        if status.state == GpuState.STALE:
-            raise ConflictError(
-                f"claim {claim.id} is {status.reason}; it can no longer be extended",
-                hint="claim the GPUs again",
-            )
-        new_expiry = claim.expires + extra_s
-        ahead = new_expiry - snap.now
-        if ahead > config.limits.max_time_s:
-            allowed = config.limits.max_time_s - (claim.expires - snap.now)
-            raise UsageError(
-                f"that would hold claim {claim.id} for {format_duration(ahead)} from now; the "
-                f"limit is {format_duration(config.limits.max_time_s)}"
-                + (f" (you can add up to {format_duration(allowed)})" if allowed > 60 else "")
-            )
-        _check_bookings_allow(snap.bookings, claim, snap.now, new_expiry)
-        new = claim.with_expiry(new_expiry)
-        store.rewrite(claim, new)
-        clash = _booked_meanwhile(store, new)
-        if clash is not None:  # a booking made while we extended: it stands, we give way
-            store.rewrite(new, claim)
-            raise ConflictError(blocked_message(clash, claim.indices, snap.now, new_expiry))
-        store.append_event(claim_event(EventType.EXTEND, new, store.now()))
-        result.append(new)
-    return result
 
 
 def collect_garbage(

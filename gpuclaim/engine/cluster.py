@@ -15,7 +15,7 @@ from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.core.records import Drain
-from gpuclaim.core.states import GpuState
+from gpuclaim.core.states import SERVICE_DOWN, GpuState
 from gpuclaim.engine.bookings import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
@@ -226,10 +226,18 @@ def mark_lost_jobs(snap: Snapshot, inventories: dict[str, NodeInventory]) -> Sna
     lost = {}
     for claim_id, status in snap.claims.items():
         inv = inventories.get(status.claim.node)
+        if status.reason == SERVICE_DOWN:
+            continue  # judged down already (its beats stopped)
         if status.state != GpuState.CLAIMED or not status.claim.job or inv is None or inv.error:
             continue
         if wrapper_gone(snap.beats.get(claim_id), inv.liveness):
-            lost[claim_id] = ClaimStatus(status.claim, GpuState.STALE, "job lost", status.present)
+            if status.claim.service:  # its GPUs stay held: the look starts it again
+                down = ClaimStatus(status.claim, GpuState.CLAIMED, SERVICE_DOWN, status.present)
+                lost[claim_id] = down
+            else:
+                lost[claim_id] = ClaimStatus(
+                    status.claim, GpuState.STALE, "job lost", status.present
+                )
     if not lost:
         return snap
     return dataclasses.replace(snap, claims={**snap.claims, **lost})

@@ -12,7 +12,14 @@ from typing import Any, Optional
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
-from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState, started
+from gpuclaim.core.states import (
+    ACTIVE_JOB_STATES,
+    FINAL_STATES,
+    SERVICE_DOWN,
+    JobState,
+    ServiceHealth,
+    started,
+)
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.store import Store
 
@@ -216,6 +223,18 @@ def observed_state(job: Job, claims: dict[str, Any]) -> str:
             if status is not None and status.reason == "job lost":
                 return JobState.LOST
     return job.state
+
+
+def observed_health(job: Job, claims: dict[str, Any]) -> Optional[str]:
+    """A service's health as its record says, or ``down`` while its claim is held with no
+    wrapper beating for it (its node rebooted or is away: the next look starts it again)."""
+    if job.service is None or not started(job.state):
+        return job.health
+    for r in job.ranks:
+        status = claims.get(r.claim_id or "")
+        if status is not None and status.reason == SERVICE_DOWN:
+            return ServiceHealth.DOWN.value
+    return job.health
 
 
 def reload_job(store: Store, job: Job) -> Job:

@@ -63,6 +63,7 @@ class RunRequest:
     count: int = 1  # GPUs per node
     nodes: int = 1  # > 1: a gang job over that many nodes
     node: Optional[str] = None
+    gpus: tuple[int, ...] = ()  # --gpu NODE:I,J: exactly these GPUs of ``node``
     time_s: Optional[float] = None
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
@@ -159,6 +160,7 @@ def job_from_request(
         gpus_per_node=req.count,
         nodes_wanted=req.nodes,
         node=req.node,
+        gpu_indices=req.gpus,
         workdir=req.workdir,
         env=tuple(sorted(req.env)),
         kind=req.kind,

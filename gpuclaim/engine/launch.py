@@ -139,9 +139,11 @@ def place_and_claim(
     if view is None:
         view = build_view(config, store, [config.node(n) for n in candidates], prober=prober)
     if job.nodes_wanted == 1:
+        pinned = ((job.node or "", job.gpu_indices),) if job.gpu_indices else ()
         req = ClaimRequest(
             user=job.user,
             count=job.gpus_per_node,
+            exact=pinned,
             node=candidates[0] if len(candidates) == 1 else None,
             duration_s=duration,
             note=f"job {job.name}",
@@ -260,9 +262,17 @@ def keeper_spec(config: Config, node: str) -> KeeperSpec:
 
 
 def rank_spec(
-    config: Config, store: Store, job: Job, rank: JobRank, node: NodeConfig, gang: GangEnv
+    config: Config,
+    store: Store,
+    job: Job,
+    rank: JobRank,
+    node: NodeConfig,
+    gang: GangEnv,
+    seen: Optional[dict[str, int]] = None,
+    revived: str = "",
 ) -> RankSpec:
-    """All a node needs to run one rank on its own, laptop closed."""
+    """All a node needs to run one rank on its own, laptop closed. ``seen``: the GPUs'
+    indices by UUID as a probe just saw them (else as placed); ``revived``: see RankSpec."""
     workenv = config.workenv_of(node, WorkEnv(venv=job.venv, conda=job.conda))
     return {
         "job": job.to_dict(),
@@ -285,7 +295,11 @@ def rank_spec(
         "idle_threshold_pct": config.idle.threshold_pct,
         "gang": gang if len(job.ranks) > 1 else {},
         # What the placement probe saw, so a wrapper starting seconds later need not look again
-        "placed": {"at": store.now(), "indices": dict(zip(rank.gpu_uuids, rank.gpus))},
+        "placed": {
+            "at": store.now(),
+            "indices": dict(zip(rank.gpu_uuids, rank.gpus)) if seen is None else seen,
+        },
+        "revived": revived,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuclaim.core.config import Config
@@ -11,25 +12,40 @@ from gpuclaim.core.states import GpuState
 from gpuclaim.engine.claims import finish_lost_claim
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.idle import apply_policy, sample_view
+from gpuclaim.engine.launch import NodeOps
 from gpuclaim.engine.notify import record_notices
+from gpuclaim.engine.services import Revival, revive_services
 from gpuclaim.store import Store
 
 
+@dataclass
+class FollowUp:
+    """What a look recorded: the claims' usage summaries, why nothing could be recorded when
+    the storage refuses writes (the look still shows what it holds; summaries are only read),
+    and the services it started again."""
+
+    summaries: dict[str, UsageSummary]
+    refusal: Optional[StorageRefusesWrites] = None
+    revival: Revival = field(default_factory=Revival)
+
+
 def follow_up_look(
-    config: Config, store: Store, view: ClusterView
-) -> tuple[dict[str, UsageSummary], Optional[StorageRefusesWrites]]:
+    config: Config, store: Store, view: ClusterView, ops: Optional[NodeOps] = None
+) -> FollowUp:
     """Record what the look found: jobs found lost, the usage it saw, the idle policy, Slack
-    notices. Returns the claims' usage summaries, and why nothing could be recorded when the
-    storage refuses writes (the look still shows what it holds; summaries are only read)."""
+    notices; with ``ops``, start the services found down on nodes that answered."""
+    revival = Revival()
     try:
         for status in view.snapshot.claims.values():
             if status.reason == "job lost" and status.claim.job:
                 finish_lost_claim(store, status.claim)
+        if ops is not None:
+            revival = revive_services(config, store, view, ops)
         summaries = sample_view(view, store, config.idle.threshold_pct)
         apply_policy(config, store, view, summaries)
         if config.slack.webhook_url:
             record_notices(view, store)
     except StorageRefusesWrites as exc:
         held = sorted({r.claim.id for r in view.rows if r.claim and r.state == GpuState.CLAIMED})
-        return (store.usage_summaries(ids=held) if held else {}), exc
-    return summaries, None
+        return FollowUp(store.usage_summaries(ids=held) if held else {}, exc, revival)
+    return FollowUp(summaries, None, revival)

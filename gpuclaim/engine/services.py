@@ -1,18 +1,29 @@
-"""Services (``gpuclaim serve``) at submit: the port on the node they run on, refused when
-another service or another process has it. Keeping one up is its wrapper's job
-(``node/wrapper.py``, ``core/service.py``)."""
+"""Services (``gpuclaim serve``) from the laptop's side: the port on the node they run on at
+submit, refused when another service or another process has it; and a service whose node
+rebooted started again by the next look there. Keeping one up is its wrapper's job
+(``node/keep_up.py``, ``core/service.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import os
+import time
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from gpuclaim.core.errors import NameInUseError
-from gpuclaim.core.model import Job, JobKind
-from gpuclaim.core.states import ACTIVE_JOB_STATES
+from gpuclaim.core.config import Config
+from gpuclaim.core.errors import GpuclaimError, NameInUseError
+from gpuclaim.core.events import claim_event
+from gpuclaim.core.identity import this_host
+from gpuclaim.core.inventory import NodeInventory
+from gpuclaim.core.liveness import wrapper_gone
+from gpuclaim.core.model import Claim, Event, EventType, Job, JobKind
+from gpuclaim.core.states import ACTIVE_JOB_STATES, SERVICE_DOWN, ServiceHealth, ended
+from gpuclaim.engine.claims import finish_lost_claim
+from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.job_records import load_jobs
-from gpuclaim.engine.launch import NodeOps
-from gpuclaim.store import Store
+from gpuclaim.engine.launch import NodeOps, rank_spec
+from gpuclaim.store import ClaimStatus, Store
+from gpuclaim.store.files import JOB_START_GRACE_S
 
 AUTO_PORT = 0  # serve --port auto: a free port of the node, chosen at submit
 
@@ -55,3 +66,102 @@ def settle_port(store: Store, ops: NodeOps, job: Job, node: str) -> Job:
                 hint="pick another --port, or --port auto",
             )
     return job.with_(service=replace(spec, port=port), port=port)
+
+
+REVIVE_TURN_S = 90.0  # one look starts a down service; if that start fails, a look after this
+
+
+@dataclass
+class Revival:
+    """What a look did for the services it found down on nodes that answered."""
+
+    started: list[tuple[Job, str]] = field(default_factory=list)  # and why it was down
+    failed: list[tuple[Job, str]] = field(default_factory=list)  # and why it could not start
+
+
+def revive_services(config: Config, store: Store, view: ClusterView, ops: NodeOps) -> Revival:
+    """Services whose node answers but whose wrapper is gone (the node rebooted, its tmux
+    server was killed) start again on their own GPUs, one look per service winning the turn.
+    One that should not run any more (killed, ended, its record gone) lets its GPUs go."""
+    revival = Revival()
+    for status in view.snapshot.claims.values():
+        claim = status.claim
+        inv = view.inventories.get(claim.node)
+        if status.reason != SERVICE_DOWN or inv is None or inv.error or not claim.job:
+            continue  # its node is away too: nothing to start it on yet
+        job = store.load_job(job_id=claim.job)
+        if job is None or job.service is None or job.stop_requested or ended(job.state):
+            let_go(store, status, job)
+            continue
+        cause = _why_down(view, claim)
+        if cause is None:
+            continue  # only beats missed (the storage stalled?): not proof enough to start twice
+        holder = f"{this_host()}:{os.getpid()}:{time.time():.6f}"
+        if store.take_turn(f"revive-{claim.id}", holder, REVIVE_TURN_S):
+            error = _start_again(config, store, ops, job, claim, inv, cause)
+            if error:
+                revival.failed.append((job, error))
+            else:
+                revival.started.append((job, cause))
+    return revival
+
+
+def _why_down(view: ClusterView, claim: Claim) -> Optional[str]:
+    """What the node's answer proves: its wrapper is gone, and why; None when it cannot."""
+    beat = view.snapshot.beats.get(claim.id)
+    liveness = view.inventories[claim.node].liveness
+    if beat is None:  # never beat: its launch died with the `serve` that made it
+        return "it never started" if view.snapshot.now - claim.since > JOB_START_GRACE_S else None
+    if not wrapper_gone(beat, liveness):
+        return None
+    if liveness and beat.get("boot_id") != liveness.get("boot_id"):
+        return f"{claim.node} rebooted"
+    return f"its tmux session on {claim.node} went away"
+
+
+def _start_again(
+    config: Config,
+    store: Store,
+    ops: NodeOps,
+    job: Job,
+    claim: Claim,
+    inv: NodeInventory,
+    cause: str,
+) -> str:
+    """Launch the service's wrapper again, counted as a restart; the error, or ""."""
+    rank = next((r for r in job.ranks if r.claim_id == claim.id), None)
+    if rank is None:
+        return "its record names no rank for its claim"
+    node = config.node(claim.node)
+    seen = {g.uuid: g.index for g in inv.gpus if g.uuid in rank.gpu_uuids}
+    changes = {"restarts": job.restarts + 1, "health": ServiceHealth.STARTING.value}
+    job = store.update_job(job_id=job.id, changes=changes).job
+    try:
+        ops.launch(node, rank_spec(config, store, job, rank, node, {}, seen=seen, revived=cause))
+    except NameInUseError:
+        return ""  # its session runs after all (another look started it a moment ago)
+    except GpuclaimError as exc:
+        store.update_job(job_id=job.id, changes={"health": ServiceHealth.DOWN.value})
+        return exc.message
+    store.append_event(
+        Event(
+            ts=store.now(),
+            type=EventType.SERVICE_DOWN,
+            user=job.user,
+            node=claim.node,
+            gpus=tuple(claim.indices),
+            reason=cause,
+            extra={"job": job.name, "job_id": job.id, "restarts": None},
+        )
+    )
+    return ""
+
+
+def let_go(store: Store, status: ClaimStatus, job: Optional[Job]) -> None:
+    """A service's claim with nothing left to keep up: recorded as lost, its GPUs free."""
+    if job is not None and not ended(job.state):
+        finish_lost_claim(store, status.claim)
+        return
+    for gpu_uuid in status.present:
+        store.remove_gpu(gpu_uuid, status.claim.id)
+    store.append_event(claim_event(EventType.REAP, status.claim, store.now(), reason="job lost"))

@@ -125,7 +125,7 @@ class ChildRun(RankRecord):
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
-            if self.stop_reason is None and now > deadline:
+            if self.stop_reason is None and now > deadline + self.extended_s:
                 self.stop_reason = JobState.TIMEOUT
             if now > next_check:
                 # a preemptible job checks twice as often: a claim waits for it to yield

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.errors import GpuclaimError
-from gpuclaim.core.model import Event, EventType
+from gpuclaim.core.model import Event, EventType, iso
 from gpuclaim.core.service import (
     HEALTH_FAILURES,
     HEALTH_TIMEOUT_S,
@@ -111,11 +111,11 @@ def keep_up(w: ChildRun, argv: list[str], env: dict[str, str], log: Any, deadlin
     backoff = 0.0
     recent: list[float] = []  # when it was restarted, within the window
     running = True  # False: its last start failed at once (its program went away)
-    outage = _Outage(w)
+    outage = _Outage(w, down=bool(w.spec.get("revived")))  # its node rebooted: back, once up
     while True:
         health = HealthWatch(spec, time.monotonic(), lambda h, n=restarts: outage.health(h, n))
         if running:
-            _record(w, health=ServiceHealth.STARTING)
+            _record(w, health=ServiceHealth.STARTING, up_since=w.store.now())
             unhealthy = w._watch(log, deadline, health)
             code = w._reap_child()
         else:
@@ -156,9 +156,9 @@ class _Outage:
     """Slack hears once that it went down and once that it is back (not of every restart of
     a crash loop); the job's record hears of every change of its health."""
 
-    def __init__(self, w: ChildRun) -> None:
+    def __init__(self, w: ChildRun, down: bool = False) -> None:
         self.w = w
-        self.is_down = False
+        self.is_down = down
 
     def health(self, state: ServiceHealth, restarts: int) -> None:
         _record(self.w, health=state)
@@ -198,7 +198,7 @@ def _wait(w: ChildRun, seconds: float, deadline: float) -> bool:
         time.sleep(min(0.5, max(0.0, until - time.monotonic())))
         w._check_stop_request()
         now = time.monotonic()
-        if now > deadline:
+        if now > deadline + w.extended_s:
             w.stop_reason = JobState.TIMEOUT
         if w.stop_reason is not None:
             return False
@@ -208,10 +208,17 @@ def _wait(w: ChildRun, seconds: float, deadline: float) -> bool:
     return True
 
 
-def _record(w: ChildRun, health: Optional[ServiceHealth], restarts: Optional[int] = None) -> None:
+def _record(
+    w: ChildRun,
+    health: Optional[ServiceHealth],
+    restarts: Optional[int] = None,
+    up_since: Optional[float] = None,
+) -> None:
     changes: dict[str, Any] = {"health": health.value if health is not None else None}
     if restarts is not None:
         changes["restarts"] = restarts
+    if up_since is not None:
+        changes["up_since"] = iso(up_since)
     try:
         w.store.update_job(job_id=w.job.id, changes=changes)
     except GpuclaimError:

@@ -38,6 +38,7 @@ class RankRecord:
         self.sample_s = float(spec["sample_s"])
         self.log_path = Path(spec["log"])
         self.stop_reason: Optional[JobState] = None  # killed or timeout: how it ends
+        self.extended_s = 0.0  # time added to its limit by `extend` since it started
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.interactive = self.job.kind == JobKind.SHELL
         self._notifier: Optional[threading.Thread] = None
@@ -81,6 +82,9 @@ class RankRecord:
             current = self.store.load_job(self.job.id)
         except GpuclaimError:
             return
+        if current and current.time_limit_s > self.job.time_limit_s:  # gpuclaim extend
+            self.extended_s += current.time_limit_s - self.job.time_limit_s
+            self.job = self.job.with_(time_limit_s=current.time_limit_s)
         if current and current.stop_requested and self.stop_reason is None:
             preempted = current.stop_requested == "preempt"  # engine.preempt's request
             self.stop_reason = JobState.PREEMPTED if preempted else JobState.KILLED

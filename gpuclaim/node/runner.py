@@ -42,6 +42,7 @@ def launch_rank(spec: RankSpec) -> LaunchResponse:
     session = str(spec["session"])
     tmux_binary()  # no tmux: say so before writing anything
     job_dir = jobs_home() / str(job["id"]) / f"rank{rank}"
+    ours = not job_dir.exists()  # a service started again keeps its log: never remove it
     job_dir.mkdir(parents=True, exist_ok=True)
     spec_path = job_dir / "spec.json"
     log_path = job_dir / "output.log"
@@ -60,7 +61,8 @@ def launch_rank(spec: RankSpec) -> LaunchResponse:
     try:
         new_session(session, command, Path.home())
     except SessionExistsError as exc:
-        shutil.rmtree(job_dir, ignore_errors=True)  # this rank's own files (a gang shares a home)
+        if ours:  # this rank's own files (a gang shares a home)
+            shutil.rmtree(job_dir, ignore_errors=True)
         raise NameInUseError(exc.message) from None
     host = socket.gethostname()
     return {

@@ -151,12 +151,17 @@ class Wrapper(ChildRun):
 
     def _supervise(self, env: dict[str, str], log: Any) -> int:
         started = self.store.now()
-        deadline = time.monotonic() + self.job.time_limit_s
+        # A service started again after a reboot keeps its first start's time limit.
+        ends = self.job.ends
+        left = self.job.time_limit_s if ends is None else max(0.0, ends - started)
+        deadline = time.monotonic() + left
         try:
             argv = self._resolve_argv(env)
         except GpuclaimError as exc:
             log.write(f"gpuclaim: {exc}\n".encode())
             return self._finish(JobState.FAILED, None, str(exc))
+        if self.spec.get("revived"):
+            log.write(f"gpuclaim: started again ({self.spec['revived']})\n".encode())
         failed = self._start_child(argv, env, log)
         if failed is not None:
             message, code = failed

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.model import Claim
-from gpuclaim.core.states import GpuState
+from gpuclaim.core.states import SERVICE_DOWN, GpuState
 from gpuclaim.store.drains import DrainsPart
 from gpuclaim.store.files import (
     INCOMPLETE_GRACE_S,
@@ -127,7 +127,10 @@ class ClaimsPart(DrainsPart):
             elif now >= claim.expires:
                 result[claim_id] = ClaimStatus(claim, GpuState.STALE, "expired", present)
             elif claim.job and self._job_lost(claim, (beats or {}).get(claim.id), now):
-                result[claim_id] = ClaimStatus(claim, GpuState.STALE, "job lost", present)
+                if claim.service:  # held while it should run: a look brings it back
+                    result[claim_id] = ClaimStatus(claim, GpuState.CLAIMED, SERVICE_DOWN, present)
+                else:
+                    result[claim_id] = ClaimStatus(claim, GpuState.STALE, "job lost", present)
             else:
                 result[claim_id] = ClaimStatus(claim, GpuState.CLAIMED, "", present)
         return result

@@ -93,12 +93,14 @@ def recorded_gpus(node: str, count: int = 2, busy: Sequence[int] = ()) -> tuple[
 
 class FakeNodes:
     """The ``Channels`` of a cluster whose nodes answer from memory. ``down``: node -> the
-    error its channel raises; ``broken_launch``: nodes whose tmux session cannot start."""
+    error its channel raises; ``broken_launch``: nodes whose tmux session cannot start;
+    ``liveness``: node -> its boot id and living wrappers, as ``core.liveness`` says them."""
 
     def __init__(self, gpus: Mapping[str, tuple[Gpu, ...]]) -> None:
         self.gpus = dict(gpus)
         self.down: dict[str, str] = {}
         self.broken_launch: set[str] = set()
+        self.liveness: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
 
     def to_node(self, node: NodeConfig) -> _FakeChannel:
@@ -124,7 +126,11 @@ class _FakeChannel:
         if op == "probe":
             gpus = self.nodes.gpus[self.node]
             return NodeInventory(
-                node=self.node, gpus=gpus, source="nvidia-smi", driver_version="590.44.01"
+                node=self.node,
+                gpus=gpus,
+                source="nvidia-smi",
+                driver_version="590.44.01",
+                liveness=self.nodes.liveness.get(self.node),
             ).to_dict()
         if op == "launch":
             if self.node in self.nodes.broken_launch:
@@ -136,7 +142,7 @@ class _FakeChannel:
         if op == "stop_session":
             return True
         if op == "node_facts":
-            return {"hostname": self.node, "port": 29500}
+            return {"hostname": self.node, "port": 29500, "port_in_use": False}
         raise AssertionError(f"the unit tier does not fake agent op {op!r}")
 
 
