@@ -164,8 +164,7 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                        'help': 'Show this message and exit.'}],
                           'args': [{'name': 'claim_ids', 'nargs': -1, 'value': 'claims'}],
                           'commands': None},
-              'extend': {'help': "Give your own claim or job (a service's --time too) more time, "
-                                 'within the...',
+              'extend': {'help': "More time for your own claim or job, within the cluster's limit.",
                          'hidden': False,
                          'interspersed': True,
                          'options': [{'names': ['-t', '--time'],

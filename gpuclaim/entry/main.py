@@ -32,7 +32,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ls": ("gpuclaim.cli.status", "status", {"hidden": True}),
     "claim": ("gpuclaim.cli.claim", "claim", {}),
     "release": ("gpuclaim.cli.claim", "release", {}),
-    "extend": ("gpuclaim.cli.claim", "extend", {}),
+    "extend": (
+        "gpuclaim.cli.claim",
+        "extend",
+        {"short_help": "More time for your own claim or job, within the cluster's limit."},
+    ),
     "reserve": (
         "gpuclaim.cli.reserve",
         "reserve",

@@ -107,3 +107,15 @@ def test_a_batch_jobs_claim_in_the_same_case_is_lost(tmp_path: Path) -> None:
     c.nodes.liveness["node01"] = REBOOTED
     rows = [r for r in c.view().gpus_of("node01") if r.claim is not None]
     assert [(r.state, r.reason) for r in rows] == [(GpuState.STALE, "job lost")]
+
+
+def test_fair_share_counts_a_services_gpu_hours_down_or_up(tmp_path: Path) -> None:
+    from gpuclaim.engine.fairshare import use_by_user
+
+    c = make_cluster(tmp_path)
+    _running(c)
+    c.clock.advance(3600)
+    up = use_by_user(c.config, c.store, c.store.snapshot()).get("ann", 0.0)
+    assert up > 3000  # one GPU for an hour, barely decayed
+    c.nodes.liveness["node01"] = REBOOTED  # down: its GPU is still held, so still counted
+    assert use_by_user(c.config, c.store, c.view().snapshot).get("ann", 0.0) == up
