@@ -53,6 +53,7 @@ NO_JSON = {
     ("demo",): "a guided tour, for people",
     ("board",): "a screen (status --json has the data)",
     ("forward",): "a tunnel in the foreground (jobs --json has the service's url)",
+    ("metrics",): "Prometheus's own text format (status --json has the data)",
     ("export", "slurm"): "writes files and names them",
     ("export", "sbatch"): "prints a script",
 }

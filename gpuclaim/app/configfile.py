@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuclaim.app.hostlists import expand_config_nodes
 from gpuclaim.core import paths
 from gpuclaim.core.config import Config, local_config, parse_config
 from gpuclaim.core.errors import ConfigError
@@ -65,7 +66,7 @@ def render_config(
 
 
 def validate_text(text: str, path: Optional[Path] = None) -> Config:
-    return parse_config(toml_module().loads(text), path)
+    return parse_config(expand_config_nodes(toml_module().loads(text)), path)
 
 
 def _toml(value: Any) -> str:
@@ -140,7 +141,7 @@ def _read_config(cfg_path: Path, mode: int) -> Config:
     except toml.TOMLDecodeError as exc:
         raise ConfigError(f"config {cfg_path}: invalid TOML: {exc}") from exc
     try:
-        config = parse_config(raw, cfg_path)
+        config = parse_config(expand_config_nodes(raw), cfg_path)
     except ConfigError as exc:
         raise ConfigError(f"config {cfg_path}: {exc.message}", hint=exc.hint) from exc
     if config.slack.webhook_url and mode & 0o044:

@@ -137,6 +137,17 @@ def read_board(
     )
 
 
+def read_once(services: BoardServices) -> BoardData:
+    """Probe every node once, in parallel, and read the store."""
+    inventories = services.prober.probe(services.config.nodes)
+    now = services.clock()
+    samples = {
+        name: NodeSample(inv, now, 0.0, now if inv.reachable and not inv.error else None)
+        for name, inv in inventories.items()
+    }
+    return read_board(services, samples)
+
+
 def _usage(
     services: BoardServices, view: ClusterView, fold: bool
 ) -> tuple[dict[str, dict[str, Any]], Optional[StorageRefusesWrites]]:

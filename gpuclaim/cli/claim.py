@@ -55,6 +55,9 @@ def claim(
         raise UsageError("use one of -n, --gpu, --adopt and --reservation")
     if reservation and node:
         raise UsageError("--reservation names its node already")
+    from gpuclaim.app.hostlists import one_node
+
+    node = one_node(node)
     st = state(ctx)
     exact = (parse_gpu_spec(gpu),) if gpu else ()
     if exact and node and exact[0][0] != node:

@@ -61,7 +61,9 @@ def reserve(
     elif cancel:
         _cancel(ctx, cancel, force, as_json, quiet)
     else:
-        _make(ctx, count, gpu, node, start, time, end, note, as_json, quiet)
+        from gpuclaim.app.hostlists import one_node
+
+        _make(ctx, count, gpu, one_node(node), start, time, end, note, as_json, quiet)
 
 
 def _make(

@@ -267,7 +267,9 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         flags.sync, flags.sync_dir, flags.workdir, project, here, st.config.sync_max_bytes
     )
     exact: tuple[int, ...] = ()
-    node, count = flags.node, flags.count
+    from gpuclaim.app.hostlists import one_node
+
+    node, count = one_node(flags.node), flags.count
     if flags.gpu is not None:
         from gpuclaim.engine.claims import parse_gpu_spec
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from gpuclaim.app.hostlists import one_node
 from gpuclaim.cli import completion
 from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.cli.jobs import _exec_outside_tmux, _submit_and_report
@@ -39,7 +40,7 @@ def shell(
         argv=("<shell>",),
         name=name or f"shell-{os.urandom(2).hex()}",
         count=count,
-        node=node,
+        node=one_node(node),
         time_s=parse_duration(time_),
         kind=JobKind.SHELL.value,
     )
@@ -73,7 +74,7 @@ def notebook(
         argv=("<notebook>",),
         name=name or f"notebook-{os.urandom(2).hex()}",
         count=count,
-        node=node,
+        node=one_node(node),
         time_s=parse_duration(time_),
         kind=JobKind.NOTEBOOK.value,
     )

@@ -16,7 +16,7 @@ def status(
     node: Optional[list[str]] = typer.Option(
         None,
         "--node",
-        help="Only this node (repeatable).",
+        help="Only this node, or a range like node[01-02] (repeatable).",
         autocompletion=completion.complete_nodes,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
@@ -29,6 +29,7 @@ def status(
     ),
 ) -> None:
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
+    from gpuclaim.app.hostlists import node_names
     from gpuclaim.core.usage import usage_view
     from gpuclaim.engine.cluster import build_view
     from gpuclaim.engine.observe import follow_up_look
@@ -36,7 +37,7 @@ def status(
     st = state(ctx, looking=True)
     st.dispatch_quietly()
     cfg = st.config
-    nodes = [cfg.node(n) for n in node] if node else None
+    nodes = [cfg.node(n) for n in node_names(node)] if node else None
     with waiting(f"asking {len(nodes or cfg.nodes)} node(s)"):
         view = build_view(cfg, st.store, nodes, prober=st.prober)
     if not node:  # the whole picture: what completion offers next time

@@ -42,9 +42,16 @@ def board(
     node: Optional[list[str]] = typer.Option(
         None,
         "--node",
-        help="Only this node (repeatable).",
+        help="Only this node, or a range like node[01-02] (repeatable).",
         autocompletion=completion.complete_nodes,
     ),
+    web: bool = typer.Option(
+        False, "--web", help="Serve the board as a read-only web page that updates itself."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="With --web: the address to listen on (this machine only)."
+    ),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="With --web: the port."),
 ) -> None:
     """Live board of every GPU: who holds it, for how long; claim, release, kill, attach."""
     from gpuclaim.board.services import BoardOptions
@@ -52,8 +59,11 @@ def board(
     refresh_s = parse_duration(refresh)
     if refresh_s < MIN_REFRESH_S:
         raise UsageError(f"--refresh must be at least {MIN_REFRESH_S}s")
+    from gpuclaim.app.hostlists import node_names
+
     st = state(ctx, looking=True)
-    for name in node or ():
+    node = node_names(node or ())
+    for name in node:
         st.config.node(name)  # an unknown node is an error naming the known ones
     options = BoardOptions(
         refresh_s=refresh_s,
@@ -61,11 +71,19 @@ def board(
         users=tuple(validate_name(u, "user name") for u in user or ()),
         nodes=tuple(node or ()),
     )
+    _check_web(web, once, svg, host, port)
     st.dispatch_quietly()
     services = board_services(st, options)
+    if web:
+        from gpuclaim.board.web import serve_web
+
+        serve_web(services, host, port, ready=_say_serving)
+        return
     width, height = _size(size)
     if once or svg is not None:
         with waiting(f"asking {len(st.config.nodes)} node(s)"):
+            from gpuclaim.board.data import read_once
+
             data = read_once(services)
         if data.refusal:
             st.refused(data.refusal)
@@ -96,19 +114,6 @@ def board_services(st: AppState, options: BoardOptions) -> BoardServices:
         ops=st.ops,
         options=options,
     )
-
-
-def read_once(services: BoardServices) -> BoardData:
-    """Probe every node once, in parallel, and read the store."""
-    from gpuclaim.board.data import NodeSample, read_board
-
-    inventories = services.prober.probe(services.config.nodes)
-    now = services.clock()
-    samples = {
-        name: NodeSample(inv, now, 0.0, now if inv.reachable and not inv.error else None)
-        for name, inv in inventories.items()
-    }
-    return read_board(services, samples)
 
 
 def _print_once(services: BoardServices, data: BoardData, width: Optional[int]) -> None:
@@ -151,6 +156,24 @@ def _write_svg(
         path.write_text(svg, encoding="utf-8")
     except OSError as exc:
         raise GpuclaimError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def _check_web(web: bool, once: bool, svg: Optional[Path], host: str, port: int) -> None:
+    if web and (once or svg is not None):
+        raise UsageError("--web serves the board live: not with --once or --svg")
+    if not web and (host != "127.0.0.1" or port != 8080):
+        raise UsageError("--host and --port are for --web")
+
+
+def _say_serving(url: str) -> None:
+    from gpuclaim.cli.common import err
+
+    err().print(
+        f"the board is at {url} (read-only; Ctrl-C stops). From elsewhere: ssh -L "
+        f"8080:127.0.0.1:{url.rsplit(':', 1)[1].strip('/')} this-machine",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _size(text: Optional[str]) -> tuple[Optional[int], Optional[int]]:

@@ -97,6 +97,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"short_help": "Jupyter on a node with GPUs, until its time limit."},
     ),
     "history": ("gpuclaim.cli.history", "history", {}),
+    "metrics": (
+        "gpuclaim.cli.metrics",
+        "metrics",
+        {"short_help": "Prometheus series: who holds what, idle-held GPUs, the queue."},
+    ),
     "gc": (
         "gpuclaim.cli.admin",
         "gc",
