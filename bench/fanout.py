@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cluster-view fan-out: ``gpuclaim status --json`` against the plain tools, same run, same nodes.
 
-    python bench/fanout.py [--nodes 1,4,16] [--repeat 5] [--delay-ms 0]
+    python bench/fanout.py [--nodes 1,4,16] [--repeat 5] [--delay-ms 0] [--smi-cost MS]
 
 For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`` runs:
   seq-ssh   for h in nodes: ssh -F cfg $h 'nvidia-smi --query-gpu=...; nvidia-smi
@@ -16,7 +16,9 @@ For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`
   board     one more probe of all nodes inside a long-lived process (the board's refresh)
 and prints the table plus ratios. Machines are noisy: read the ratios, not lone absolutes.
 The nodes have a driver (the simulator's NVML face on their Python path, as a real node has
-libnvidia-ml), so gpuclaim reads NVML in-process; ``--smi-only`` takes it away.
+libnvidia-ml), so gpuclaim reads NVML in-process; ``--smi-only`` takes it away, and
+``--smi-cost MS`` too, putting a fake nvidia-smi of that fixed cost in the simulator's place
+(``smi_cost.py``): what gpuclaim itself costs, next to a GPU read as fast as a real one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from cputime import machine_cpu  # noqa: E402
+from smi_cost import install  # noqa: E402
 from testbed import Testbed  # noqa: E402
 
 from gpuclaim.app.configfile import render_config  # noqa: E402
@@ -75,9 +78,12 @@ def bench_n(
     delay_ms: int,
     work: Path,
     nvml: bool = True,
+    smi_cost_ms: float | None = None,
 ) -> dict[str, float]:
-    tb = Testbed.up(n, gpus=4, delay_ms=delay_ms, nvml=nvml)
+    tb = Testbed.up(n, gpus=4, delay_ms=delay_ms, nvml=nvml and smi_cost_ms is None)
     try:
+        if smi_cost_ms is not None:
+            install(tb, smi_cost_ms)
         cfg = tb.ssh_config_delayed if delay_ms else tb.ssh_config
         env = {**os.environ, **tb.env(delayed=bool(delay_ms))}
         home = work / f"home{n}"
@@ -195,6 +201,13 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="Print one JSON line at the end.")
     ap.add_argument(
+        "--smi-cost",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="A fake nvidia-smi of this fixed cost in place of the simulator (no NVML).",
+    )
+    ap.add_argument(
         "--smi-only",
         action="store_true",
         help="Nodes without NVML bindings' library: gpuclaim must run nvidia-smi too.",
@@ -206,12 +219,13 @@ def main() -> None:
     sizes = [int(x) for x in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
         table = {
-            n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), not args.smi_only) for n in sizes
+            n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), not args.smi_only, args.smi_cost)
+            for n in sizes
         }
     if args.json:
         import json
 
-        print(json.dumps({"delay_ms": args.delay_ms, "table": table}))
+        print(json.dumps({"delay_ms": args.delay_ms, "smi_cost_ms": args.smi_cost, "table": table}))
         return
     methods = list(next(iter(table.values())))
     print(
