@@ -79,6 +79,7 @@ def bench_n(
     work: Path,
     nvml: bool = True,
     smi_cost_ms: float | None = None,
+    lean: bool = False,
 ) -> dict[str, float]:
     tb = Testbed.up(n, gpus=4, delay_ms=delay_ms, nvml=nvml and smi_cost_ms is None)
     try:
@@ -105,7 +106,8 @@ def bench_n(
             for node in tb.nodes:
                 run(["ssh", "-F", str(cfg), node, QUERY], env, 4)
 
-        results["seq-ssh"] = timed(seq, repeat)
+        if not lean:
+            results["seq-ssh"] = timed(seq, repeat)
         pdsh_once = None
         if shutil.which("pdsh"):
             penv = {**env, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": f"-F {cfg} %h"}
@@ -121,8 +123,9 @@ def bench_n(
         fconfig = work / f"config{n}-fabric.toml"
         fconfig.write_text(fabric)
         fenv = {**genv, "GPUCLAIM_CONFIG": str(fconfig)}
-        run(gpuclaim, fenv, 0)  # first call sends the agent to every node; then it is cached
-        results["fabric"] = timed(lambda: run(gpuclaim, fenv, 4 * n), repeat)
+        if not lean:
+            run(gpuclaim, fenv, 0)  # the first call sends the agent to every node; then cached
+            results["fabric"] = timed(lambda: run(gpuclaim, fenv, 4 * n), repeat)
         # the default ("auto": the ssh binary, masters and warm agents)
         cm = Path(tempfile.mkdtemp(prefix="gcb-", dir="/tmp"))  # short socket paths
         oenv = {**genv, "XDG_RUNTIME_DIR": str(cm)}
@@ -162,7 +165,8 @@ def bench_n(
         # node part runs on each node, in parallel
         results["cli cpu"] = cli / repeat
         results["node cpu"] = max(0.0, machine - cli) / repeat / n
-        results["board"] = _warm(config, oenv, repeat)
+        if not lean:
+            results["board"] = _warm(config, oenv, repeat)
         first_of_the_day()
         shutil.rmtree(cm, ignore_errors=True)
         return results
@@ -208,6 +212,9 @@ def main() -> None:
         help="A fake nvidia-smi of this fixed cost in place of the simulator (no NVML).",
     )
     ap.add_argument(
+        "--lean", action="store_true", help="Only pdsh, first and warm (no seq-ssh, fabric, board)."
+    )
+    ap.add_argument(
         "--smi-only",
         action="store_true",
         help="Nodes without NVML bindings' library: gpuclaim must run nvidia-smi too.",
@@ -219,7 +226,15 @@ def main() -> None:
     sizes = [int(x) for x in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="gcbench-") as tmp:
         table = {
-            n: bench_n(n, args.repeat, args.delay_ms, Path(tmp), not args.smi_only, args.smi_cost)
+            n: bench_n(
+                n,
+                args.repeat,
+                args.delay_ms,
+                Path(tmp),
+                not args.smi_only,
+                args.smi_cost,
+                args.lean,
+            )
             for n in sizes
         }
     if args.json:
@@ -242,7 +257,9 @@ def main() -> None:
     for n in sizes:
         row = table[n]
         if "pdsh" in row:
-            parts = [f"{m} {row[m] / row['pdsh']:.2f}" for m in ("warm", "first", "fabric")]
+            parts = [
+                f"{m} {row[m] / row['pdsh']:.2f}" for m in ("warm", "first", "fabric") if m in row
+            ]
             print(f"N={n:<4} " + "  ".join(parts))
     print(f"warm N={last} / warm N={first}: {table[last]['warm'] / table[first]['warm']:.2f}")
 

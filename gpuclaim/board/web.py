@@ -53,10 +53,11 @@ class Latest:
                 options.refresh_s,
                 Filters(options.users, options.nodes),
             )
-        except GpuclaimError as exc:
+        except Exception as exc:  # any: the page must say so, not go quietly stale
             with self._lock:
                 last = json.loads(self._body)
-            payload = {**last, "error": exc.message}
+            said = exc.message if isinstance(exc, GpuclaimError) else f"{type(exc).__name__}: {exc}"
+            payload = {**last, "error": said}
         with self._lock:
             self._body = json.dumps(payload).encode("utf-8")
 
