@@ -353,3 +353,25 @@ def test_the_shell_environment_is_read_with_env_0_or_by_python_where_env_lacks_i
     assert {k: v for k, v in fallback.items() if k not in same} == {
         k: v for k, v in direct.items() if k not in same
     }
+
+
+def test_the_login_environment_is_kept_until_a_profile_changes(c):
+    # Each job would run the login shell; a kept result spares it while the profiles stay
+    # as they were, and an edited profile reaches the very next job.
+    home = _home(c)
+    counter = home / "profile-runs"
+    counter.unlink(missing_ok=True)
+    _executable(home / ".local" / "bin" / "gcatool", SHOW)
+    profile = home / ".profile"
+    runs = 'echo run >> "$HOME/profile-runs"\nexport PATH="$HOME/.local/bin:$PATH"\n'
+    profile.write_text(runs + "export GC_PROFILE=one\n")
+    for name in ("first", "second"):
+        c.ok("run", "--node", "node01", "--name", name, "--", "gcatool")
+        assert _shown(c, name)["env"]["GC_PROFILE"] == "one"
+    assert counter.read_text().split() == ["run"]  # the second job reused the first's
+    profile.write_text(runs + "export GC_PROFILE=two-edited\n")
+    c.ok("run", "--node", "node01", "--name", "third", "--", "gcatool")
+    assert _shown(c, "third")["env"]["GC_PROFILE"] == "two-edited"
+    assert counter.read_text().split() == ["run", "run"]
+    kept = list((home / ".cache" / "gpuclaim" / "login-env").glob("*.json"))
+    assert kept and all(p.stat().st_mode & 0o777 == 0o600 for p in kept)

@@ -80,7 +80,7 @@ def job_environment(
     ``conda``) while the wrapper readied the rest."""
     env = dict(base)
     if login or conda:
-        env = (shell or ShellRun.start(env, login, conda or "")).result(node)
+        env = (shell or ShellRun.login(env, login, conda or "")).result(node)
     if venv:
         env = with_venv(env, venv, node, workdir)
     return env
@@ -101,13 +101,35 @@ def with_venv(env: dict[str, str], venv: str, node: str, workdir: str) -> dict[s
 class ShellRun:
     """The login shell (and conda's activation) printing its environment: started, and read
     later, so the job's wrapper readies itself while the user's profile runs (on a real
-    cluster that profile, conda's init among it, is often the longer of the two)."""
+    cluster that profile, conda's init among it, is often the longer of the two). A plain
+    login shell's result is kept (``login_cache``) and reused while the profiles stay as
+    they were: then no shell runs at all."""
 
     def __init__(self, proc: Optional[subprocess.Popen[bytes]], said: str, failed: str) -> None:
         self.proc = proc
         self.said = said  # "bash -l", "sh": for messages
         self.failed = failed  # why it could not start, if it did not
         self.conda = False
+        self.ready: Optional[dict[str, str]] = None  # the environment, from the cache
+        self.keep: Optional[tuple[str, dict[str, str]]] = None  # (cache key, base) to save
+
+    @classmethod
+    def login(cls, env: dict[str, str], login: bool, conda: str) -> ShellRun:
+        """``start``, or the kept result of the same login shell over the same profiles."""
+        if not login or conda:
+            return cls.start(env, login, conda)
+        from gpuclaim.node.login_cache import cache_key, load
+
+        shell = login_shell()
+        key = cache_key(env, shell)
+        kept = load(key, env) if key else None
+        if kept is not None:
+            run = cls(None, f"{Path(shell).name} -l", "")
+            run.ready = kept
+            return run
+        run = cls.start(env, login, conda)
+        run.keep = (key, env) if key else None
+        return run
 
     @classmethod
     def start(cls, env: dict[str, str], login: bool, conda: str) -> ShellRun:
@@ -132,6 +154,16 @@ class ShellRun:
 
     def result(self, node: str) -> dict[str, str]:
         """The environment it printed, or ``GpuclaimError`` saying why there is none."""
+        if self.ready is not None:
+            return dict(self.ready)
+        env = self._printed(node)
+        if self.keep is not None:
+            from gpuclaim.node.login_cache import save
+
+            save(self.keep[0], self.keep[1], env)
+        return env
+
+    def _printed(self, node: str) -> dict[str, str]:
         if self.proc is None:
             raise GpuclaimError(f"{self.failed} on {node}")
         try:

@@ -186,5 +186,5 @@ def run_wrapper(spec_path: str) -> int:
     # The user's profile runs while the wrapper imports what it records the job with.
     workenv = spec["workenv"]
     login, conda = bool(workenv["login_shell"]), str(workenv["conda"] or "")
-    shell = ShellRun.start(dict(os.environ), login, conda) if login or conda else None
+    shell = ShellRun.login(dict(os.environ), login, conda) if login or conda else None
     return Wrapper(spec, shell).run()
