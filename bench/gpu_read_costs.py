@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +47,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if shutil.which("pdsh") is None:
+        raise SystemExit("pdsh is the baseline here: apt-get install pdsh")
     rows = []
     for cost in [float(c) for c in args.costs.split(",")]:
         fan = _json(

@@ -127,13 +127,16 @@ def main() -> None:
                 )
                 out = tb.node_dir("node01") / "home" / f"plain{i}.log"
                 t0 = time.perf_counter()
-                subprocess.run(
+                # the job's output, not the CLI's end (run watches the job's first moment)
+                launcher = subprocess.Popen(
                     [*gpuclaim, "run", "--name", f"p{i}", "--", "sh", "-c",
                      f"echo started > {out}; sleep 1"],
-                    env=env, check=True, capture_output=True,
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 )  # fmt: skip
                 wait_for(out, "started")
                 plain.append(time.perf_counter() - t0)
+                if launcher.wait(60) != 0:
+                    raise SystemExit(f"gpuclaim run failed: {launcher.stderr.read()[-300:]!r}")
                 time.sleep(1.2)  # the jobs end: the next run has the GPUs back
     finally:
         tb.down()
