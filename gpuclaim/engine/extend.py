@@ -81,6 +81,12 @@ def extend_job(
     ahead = (job.started + limit - snap.now) if job.started is not None else limit
     if ahead > longest:
         allowed = longest - (ahead - extra_s)
+        what = "a service" if service else "a job"
+        if allowed <= 60:  # a service without --time already runs until max_service_time
+            raise UsageError(
+                f"job {job.name} already has all the time this cluster allows for {what} "
+                f"({format_duration(longest)}): it cannot be extended"
+            )
         raise UsageError(
             f"that would give job {job.name} {format_duration(ahead)} from now; the limit is "
             f"{format_duration(longest)}"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuclaim.core.errors import ConflictError, UsageError
-from gpuclaim.core.model import Job, iso
+from gpuclaim.core.model import Job, JobKind, iso
+from gpuclaim.core.service import ServiceSpec
 from gpuclaim.engine.extend import extend_claims
 from gpuclaim.engine.job_records import reload_job
 from gpuclaim.engine.jobs import RunRequest, submit_job
@@ -70,3 +71,16 @@ def test_a_queued_job_gets_a_longer_limit_and_no_claim(tmp_path: Path) -> None:
     job = c.queue("ann", "later")
     done = extend_claims(c.config, c.store, "ann", ["later"], HOUR)
     assert done.claims == [] and reload_job(c.store, job).time_limit_s == 2 * HOUR
+
+
+def test_a_service_at_the_limit_already_says_so_in_one_line(tmp_path: Path) -> None:
+    # serve without --time runs until max_service_time: there is nothing to add
+    c = make_cluster(tmp_path)
+    req = RunRequest(
+        user="ann", argv=("vllm", "serve"), name="llm", kind=JobKind.SERVICE.value,
+        service=ServiceSpec(port=8000),
+    )  # fmt: skip
+    job = submit_job(c.config, c.store, req, c.prober)
+    c.store.update_job(job_id=job.id, changes={"state": "running", "started": iso(c.clock.now)})
+    with pytest.raises(UsageError, match="already has all the time this cluster allows for a s"):
+        extend_claims(c.config, c.store, "ann", ["llm"], HOUR)
