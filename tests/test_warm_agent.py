@@ -31,23 +31,46 @@ def _agents(testbed: Any) -> list[tuple[int, str]]:
         except OSError:
             continue
         mine = testbed is None or any(a.startswith(str(testbed.dir).encode()) for a in argv)
-        serving = any(a in (b"serve", b"serve-and") for a in argv)  # forked from serve-and
+        # forked from serve-and, or started by a shell look (serve-detached)
+        serving = any(a in (b"serve", b"serve-and", b"serve-detached") for a in argv)
         if mine and serving and any(b"gpuclaim" in a for a in argv):
             found.append((int(entry.name), " ".join(a.decode() for a in argv)))
     return found
 
 
+def _looks_until_warm(c: Any, runtime: Path, nodes: int, timeout: float = 30.0) -> None:
+    """Look until every node answers through its warm agent: the first look of the day is
+    sh's (remote.shell_look), which installs or starts the agent behind it; a later look
+    finds it up and forwards to it."""
+    deadline = time.monotonic() + timeout
+    while len(list((runtime / "gpuclaim-cm" / "w").glob("w-*.sock"))) < nodes:
+        assert time.monotonic() < deadline, "the warm agents never came up"
+        assert {r["state"] for r in c.json("status")} <= {"free", "claimed"}
+        time.sleep(0.1)
+
+
+def _wait_for_agents(testbed: Any, count: int, timeout: float = 20.0) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + timeout
+    while len(_agents(testbed)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} agents: {_agents(testbed)}"
+        time.sleep(0.05)
+    return _agents(testbed)
+
+
 def test_status_goes_through_the_warm_agent_and_is_the_same(testbed, make_remote, runtime):
     c = make_remote(testbed, ssh_client="openssh")
-    cold = c.json("status")
-    assert len(cold) == 12
-    forwarded = sorted((runtime / "gpuclaim-cm" / "w").glob("w-*.sock"))
-    assert len(forwarded) == 3  # one forwarded socket per node
+    cold = c.cli("--debug", "status", "--json")
+    assert cold.returncode == 0, cold.stderr
+    assert len(json.loads(cold.stdout)) == 12
+    for node in ("node01", "node02", "node03"):  # no Python started for the first look
+        assert f"{node}: looked with sh (warm agent: missing)" in cold.stderr
+    _wait_for_agents(testbed, 3)  # installed behind it, after the command
+    _looks_until_warm(c, runtime, 3)
     agents = _agents(testbed)
     assert len(agents) == 3, agents
     warm = c.json("status")
     assert [(r["node"], r["uuid"], r["state"]) for r in warm] == [
-        (r["node"], r["uuid"], r["state"]) for r in cold
+        (r["node"], r["uuid"], r["state"]) for r in json.loads(cold.stdout)
     ]
     assert _agents(testbed) == agents  # the same agents answered: nothing was started
     # claims, runs and the board's refresh use it too
@@ -125,7 +148,7 @@ def _early_sessions_running() -> list[str]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"ssh") and any(b"gpuclaim-agent-missing" in a for a in argv):
+        if argv and argv[0].endswith(b"ssh") and any(b"@gpuclaim-look" in a for a in argv):
             found.append(entry.name)
     return found
 
@@ -144,6 +167,7 @@ def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, ma
     assert "was not needed" not in first.stderr
     masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
     assert len(masters) == 3  # one connection per node, as without the head start
+    _looks_until_warm(c, runtime, 3)
     warm = c.cli("--debug", "status", "--json")
     assert warm.returncode == 0 and "first contact" not in warm.stderr, warm.stderr
     # --node: only that node gets one (the others' warm sockets gone: they would too)
@@ -165,7 +189,7 @@ def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, ma
 
 def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, runtime):
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
-    c.json("status")
+    _looks_until_warm(c, runtime, 1)
     masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
     assert len(masters) == 1
     subprocess.run(["ssh", "-o", f"ControlPath={masters[0]}", "-O", "exit", "x"], check=False)
@@ -180,14 +204,14 @@ def test_an_agent_gone_while_its_master_lives_comes_back_warm(testbed, make_remo
     """The warm agent exits (idle, killed) but the master still holds the forwarding: the
     next look restarts it and forwards again, and the node does not drop to the slow path."""
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
-    c.json("status")
+    _looks_until_warm(c, runtime, 1)
     (before,) = _agents(testbed)
     os.kill(before[0], 9)
     _wait_gone(before[0])
     for _ in range(3):  # the first of these restarts it; none may turn the warm path off
         assert {r["state"] for r in c.json("status")} == {"free"}
     assert not list((runtime / "gpuclaim-cm" / "w").glob("w-*.off"))
-    (after,) = _agents(testbed)
+    (after,) = _wait_for_agents(testbed, 1)
     assert after[0] != before[0]
     (forwarded,) = (runtime / "gpuclaim-cm" / "w").glob("w-*.sock")
     assert _connects(forwarded)
@@ -209,9 +233,14 @@ def test_no_forwarding_allowed_falls_back_to_the_one_shot_agent(testbed, make_re
     sshd_config.write_text(original + "AllowStreamLocalForwarding no\n")
     testbed.start_node("node01")
     try:
-        for _ in range(3):
+        # the first look installs the agent (sh looks, then forwarding is tried and refused)
+        deadline = time.monotonic() + 30
+        while not list((runtime / "gpuclaim-cm" / "w").glob("w-*.off")):
+            assert time.monotonic() < deadline, "forwarding was never found refused"
             rows = c.json("status")
             assert {r["state"] for r in rows} == {"free"}
+        for _ in range(2):  # and the looks go on, by sh
+            assert {r["state"] for r in c.json("status")} == {"free"}
         (off,) = (runtime / "gpuclaim-cm" / "w").glob("w-*.off")
         assert "refuses to forward" in off.read_text()
         report = c.json("doctor", "--json")
@@ -376,7 +405,7 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     agent_idle without a request, removes its socket and leaves no process behind."""
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh", agent_idle="2s")
     c.json("status")
-    ((pid, argv),) = _agents(testbed)
+    ((pid, argv),) = _wait_for_agents(testbed, 1)
     assert "serve-and" in argv  # the forked one, not one started by serve-ensure
     run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "run"
     assert list(run_dir.glob("agent-*.sock"))
@@ -384,7 +413,8 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     assert _agents(testbed) == []
     assert not list(run_dir.glob("agent-*.sock"))
     assert {r["state"] for r in c.json("status")} == {"free"}  # and the next look starts one
-    assert len(_agents(testbed)) == 1
+    ((_, again),) = _wait_for_agents(testbed, 1)
+    assert "serve-detached" in again  # started by sh, behind the look
 
 
 def test_a_job_started_by_the_warm_agent_gets_no_dead_ssh_agent_socket(

@@ -60,6 +60,7 @@ _DEFAULT_KEYS = {
     "heartbeat",
     "warm_agent",
     "agent_idle",
+    "gpu_read_max_age",
     "reserve_grace",
     "max_reservation",
     "reserve_ahead",
@@ -126,6 +127,7 @@ class Limits:
     heartbeat_s: float = 10.0  # job wrappers' sign of life; lost after 3 missed + 2 s
     warm_agent: bool = True  # looks go to a node agent that stays up (openssh only)
     agent_idle_s: float = 600.0  # ... and exits after this long without a request
+    gpu_read_max_age_s: float = 1.0  # ... and may answer a look from a GPU read this recent
     reserve_grace_s: float = 30 * 60  # a booking nobody uses this long after it opens is freed
     max_reservation_s: float = 7 * 86400  # the longest booking
     reserve_ahead_s: float = 90 * 86400  # how far ahead a booking may start
@@ -416,6 +418,7 @@ def _limits(table: dict[str, Any]) -> Limits:
         heartbeat_s=_duration(table, "heartbeat", base.heartbeat_s),
         warm_agent=_bool(table, "warm_agent", base.warm_agent),
         agent_idle_s=_duration(table, "agent_idle", base.agent_idle_s),
+        gpu_read_max_age_s=_duration(table, "gpu_read_max_age", base.gpu_read_max_age_s),
         reserve_grace_s=_duration(table, "reserve_grace", base.reserve_grace_s),
         max_reservation_s=_duration(table, "max_reservation", base.max_reservation_s),
         reserve_ahead_s=_duration(table, "reserve_ahead", base.reserve_ahead_s),

@@ -31,9 +31,16 @@ def process_start(pid: int) -> Optional[int]:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+            return start_in_stat(fh.read())
+    except OSError:
+        return None
+
+
+def start_in_stat(stat: bytes) -> Optional[int]:
+    """Field 22 of a /proc/PID/stat line (after the command name, which may hold anything)."""
+    try:
+        return int(stat.rsplit(b")", 1)[1].split()[19])
+    except (IndexError, ValueError):
         return None
 
 

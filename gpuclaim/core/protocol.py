@@ -108,11 +108,36 @@ class KeeperSpec(TypedDict):
 # -- the ops: a request and a response each --------------------------------------------------
 
 
-class ProbeRequest(TypedDict):
+class _ProbeOptions(TypedDict, total=False):
+    # A warm agent may answer from a read this recent (node.recent_reads); absent: read now
+    max_age_s: float
+
+
+class ProbeRequest(_ProbeOptions):
     node: str
     nvidia_smi: list[str]
     env: dict[str, str]
     timeout: float  # seconds the probe may take (nvidia-smi, NVML)
+
+
+def probe_request(
+    node: str,
+    nvidia_smi: Sequence[str],
+    env: Mapping[str, str],
+    timeout: float,
+    max_age_s: float = 0.0,
+) -> ProbeRequest:
+    """A look's request for one node (``engine.cluster``; ``remote.early`` builds the same
+    one before the command runs, and a shell look's command is made from it)."""
+    request: ProbeRequest = {
+        "node": node,
+        "nvidia_smi": list(nvidia_smi),
+        "env": dict(env),
+        "timeout": timeout,
+    }
+    if max_age_s > 0:
+        request["max_age_s"] = max_age_s
+    return request
 
 
 # A node's inventory as it crosses the wire: ``NodeInventory.to_dict()`` writes it and

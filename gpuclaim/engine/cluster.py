@@ -14,6 +14,7 @@ from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
+from gpuclaim.core.protocol import probe_request
 from gpuclaim.core.records import Drain
 from gpuclaim.core.states import SERVICE_DOWN, GpuState
 from gpuclaim.engine.bookings import settle_bookings, shown_booking
@@ -124,12 +125,13 @@ class NodeProber:
 
     def _probe_one(self, node: NodeConfig) -> NodeInventory:
         limits = self.config.limits
-        args = {
-            "node": node.name,
-            "nvidia_smi": list(node.nvidia_smi),
-            "env": dict(node.env),
-            "timeout": limits.probe_timeout_s,
-        }
+        args = probe_request(
+            node.name,
+            node.nvidia_smi,
+            dict(node.env),
+            limits.probe_timeout_s,
+            limits.gpu_read_max_age_s,
+        )
         answer = self.channels.to_node(node).call("probe", args, limits.probe_timeout_s + 5)
         return NodeInventory.from_dict(answer)
 

@@ -44,9 +44,13 @@ def node_liveness() -> Optional[dict[str, Any]]:
 def _is_wrapper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
+            return is_wrapper_argv(fh.read().split(b"\0"))
     except OSError:
         return False
+
+
+def is_wrapper_argv(argv: list[bytes]) -> bool:
+    """Whether a command line is a job wrapper's (also read by the laptop from a shell look)."""
     # `<python> <agent dir> wrap <job dir>/spec.json` or `<python> -m gpuclaim.node.main wrap ...`
     for i, arg in enumerate(argv[:-1]):
         if arg == b"wrap" and argv[i + 1].endswith(b"/spec.json"):
@@ -57,14 +61,19 @@ def _is_wrapper(pid: int) -> bool:
 def _processes_hidden() -> bool:
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split(" - ")
-                if len(parts) == 2 and parts[1].startswith("proc ") and " /proc " in parts[0]:
-                    options = parts[1].split()[-1]
-                    return any(
-                        opt.startswith("hidepid=") and opt not in ("hidepid=0", "hidepid=off")
-                        for opt in options.split(",")
-                    )
+            return processes_hidden_in(fh.read())
     except OSError:
         return True
+
+
+def processes_hidden_in(mountinfo: str) -> bool:
+    """Whether /proc, as this mountinfo mounts it, hides other users' processes (hidepid)."""
+    for line in mountinfo.splitlines():
+        parts = line.split(" - ")
+        if len(parts) == 2 and parts[1].startswith("proc ") and " /proc " in parts[0]:
+            options = parts[1].split()[-1]
+            return any(
+                opt.startswith("hidepid=") and opt not in ("hidepid=0", "hidepid=off")
+                for opt in options.split(",")
+            )
     return False

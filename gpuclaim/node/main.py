@@ -6,7 +6,8 @@
 - ``serve-ensure VERSION IDLE``: the warm agent's socket, started if need be (``server``);
 - ``serve-and VERSION IDLE``: one request answered here, then this process becomes the warm
   agent (forked, detached) if none runs;
-- ``serve VERSION IDLE``: the warm agent itself;
+- ``serve VERSION IDLE``: the warm agent itself (``serve-detached``: in its own session,
+  its output to its log: as a shell look starts it, ``remote.shell_look``);
 - otherwise one agent request: a JSON object on stdin, a JSON object on stdout.
 """
 
@@ -37,7 +38,7 @@ def main() -> int:
 
         build_spare(sys.argv[2], sys.argv[3])
         return 0
-    if len(sys.argv) == 4 and sys.argv[1] in ("serve", "serve-ensure"):
+    if len(sys.argv) == 4 and sys.argv[1] in ("serve", "serve-ensure", "serve-detached"):
         return _serve(sys.argv[1], sys.argv[2], float(sys.argv[3]))
     warm: dict[str, Any] = {}
     fork = False
@@ -100,6 +101,8 @@ def _serve(command: str, version: str, idle_s: float) -> int:
 
     if command == "serve":
         return server.serve(version, idle_s)
+    if command == "serve-detached":
+        return server.serve_detached(version, idle_s)
     from gpuclaim.node.home import agent_entry
 
     try:

@@ -31,6 +31,7 @@ from pathlib import Path
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.paths import socket_dir
 from gpuclaim.node.agent import handle
+from gpuclaim.node.recent_reads import RecentReads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class Server:
         self.last_request = time.monotonic()
         self.busy = 0
         self.stopping = threading.Event()
+        self.recent = RecentReads(handle)
         self._lock = threading.Lock()
 
     def run(self) -> int:
@@ -91,6 +93,7 @@ class Server:
         listener.listen(64)
         listener.settimeout(1.0)
         inode = self.path.stat().st_ino
+        where = _say_where(self.version, self.path)
         try:
             while not self.stopping.is_set() and not self._idle_too_long():
                 try:
@@ -103,6 +106,7 @@ class Server:
             with contextlib.suppress(OSError):
                 if self.path.stat().st_ino == inode:
                     self.path.unlink()
+            _unsay_where(where)
             lock.close()
         return 0
 
@@ -139,7 +143,37 @@ class Server:
         if request.get("op") == "quit":
             self.stopping.set()
             return {"result": True}
+        if request.get("op") == "probe":
+            return self.recent.answer(request)
         return handle(request)
+
+
+def where_file(version: str) -> Path:
+    """Where the server of ``version`` says its pid and socket, for a shell look at this node
+    (``remote.shell_look``): next to the agent, a path ``sh`` finds without Python."""
+    return Path.home() / ".cache" / "gpuclaim" / f"agent-{version}.where"
+
+
+def _say_where(version: str, path: Path) -> Optional[Path]:
+    """Write ``PID\nSOCKET\n`` to the where-file (atomically); None if it cannot be written
+    (then shell looks start an agent each time, which finds this one and exits)."""
+    target = where_file(version)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(f"{os.getpid()}\n{path}\n", "utf-8")
+        tmp.replace(target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+    return target
+
+
+def _unsay_where(target: Optional[Path]) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        if target is not None and int(target.read_text("utf-8").split()[0]) == os.getpid():
+            target.unlink()
 
 
 def _send(stream: Any, message: dict[str, Any]) -> None:
@@ -252,7 +286,34 @@ def serve(version: str, idle_s: float) -> int:
     from gpuclaim.node.probe import nvml
 
     nvml.keep_initialised()
-    return Server(version, idle_s).run()
+    server = Server(version, idle_s)
+    # `kill` (a reinstall, a clean-up script) ends it as idleness does: socket and
+    # where-file removed, so no look takes a dead socket for a live agent.
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (a test's server)
+        signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())
+    return server.run()
+
+
+def serve_detached(version: str, idle_s: float) -> int:
+    """``serve``, started in the background by a shell look (``sh`` cannot detach it): its
+    own session, its output to the log next to its socket."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # outlives the SSH session that started it
+    try:
+        log = os.open(
+            str(socket_path(version).with_suffix(".log")),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o600,
+        )
+    except (OSError, GpuclaimError):
+        return 1
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.chdir(str(Path.home()))
+    return serve(version, idle_s)
 
 
 def print_json(data: dict[str, Any]) -> None:

@@ -205,6 +205,26 @@ def agent_bundle() -> tuple[str, bytes]:
     return version, blob
 
 
+def install_input(request: bytes) -> Path:
+    """A file holding what an install command reads (``remote.install``): ``request`` (one
+    line), the installer and the archive; made once per version, for installs that run on
+    after the command that started them (``WarmAgents``)."""
+    version, blob = agent_bundle()
+    digest = hashlib.sha1(request).hexdigest()[:8]
+    path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
+    if not path.exists():
+        from gpuclaim.remote import install
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob("agent-*.install"):
+            if not old.name.startswith(f"agent-{version}."):
+                old.unlink()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(request.rstrip(b"\n") + b"\n" + install.install_stdin(blob))
+        tmp.replace(path)
+    return path
+
+
 def _build_bundle() -> bytes:
     import io
     import zipfile  # here: only a new version's first call builds the zip

@@ -1,16 +1,17 @@
 """A first call's SSH sessions, started before the CLI has finished starting.
 
 A look at nodes with no warm agent yet (the first call of the day) opens one SSH session
-per node: the key exchange, and on the node a Python start waiting for the request. Both
-wait on nothing the CLI computes, so ``start_first_contacts`` starts them as soon as the
-config is read, while Python is still importing the command; the fan-out then adopts each
-session (``OpenSshPool.converse``) and sends the request. On a real network that hides the
-CLI's start-up behind the handshake's round trips; on one machine, it fills the core the
-CLI's start leaves idle.
+per node: the key exchange, and on the node the look itself (``remote.shell_look``: sh and
+nvidia-smi, no Python). Neither waits on anything the CLI computes (the look's request is
+made from the config), so ``start_first_contacts`` starts them as soon as the config is
+read, while Python is still importing the command; the fan-out then adopts each session
+(``OpenSshPool.run``) and reads its answer. On a real network that hides the CLI's start-up
+behind the handshake's round trips; on one machine, it fills the core the CLI's start
+leaves idle.
 
 Only nodes whose warm path is not up get one (a warm socket answers in a round trip), and
-a session nothing adopted (the command failed first) is closed at exit: its master stays,
-for the next call.
+a session nothing adopted (the command failed first, or never looked) is closed at exit:
+its master stays, for the next call.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import subprocess
 from collections.abc import Iterable
 
 from gpuclaim.core.config import Config
-from gpuclaim.remote import install
 from gpuclaim.remote.openssh import OpenSshPool, register_early, take_all_early
 from gpuclaim.remote.session import ssh_client_of
 from gpuclaim.remote.ssh import config_for_ssh_binary
@@ -36,16 +36,15 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
         return 0
     if not config.limits.warm_agent:
         return 0
-    from gpuclaim.remote.bundle import agent_version, bytecode_tag
-    from gpuclaim.remote.warm import WarmAgents, first_contact_arguments
+    from gpuclaim.core.protocol import probe_request
+    from gpuclaim.remote.bundle import agent_version
+    from gpuclaim.remote.shell_look import look_command
+    from gpuclaim.remote.warm import WarmAgents
 
-    pool = OpenSshPool(
-        config_for_ssh_binary(config.ssh_config_path), config.limits.connect_timeout_s
-    )
+    limits = config.limits
+    pool = OpenSshPool(config_for_ssh_binary(config.ssh_config_path), limits.connect_timeout_s)
     version = agent_version()
-    warm = WarmAgents(pool, version, config.limits.agent_idle_s, _never)
-    arguments = first_contact_arguments(version, config.limits.agent_idle_s)
-    command = install.install_command(version, bytecode_tag(), arguments)
+    warm = WarmAgents(pool, version, limits.agent_idle_s, _never)
     started, hosts = 0, set()
     for name in dict.fromkeys(names):
         node = next((n for n in config.nodes if n.name == name), None)
@@ -54,6 +53,15 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
         hosts.add(node.host)
         if not warm.wants_first_contact(node.host):
             continue
+        # The look the command's fan-out will ask for (engine.cluster): the same command
+        request = probe_request(
+            node.name,
+            node.nvidia_smi,
+            dict(node.env),
+            limits.probe_timeout_s,
+            limits.gpu_read_max_age_s,
+        )
+        command = look_command(version, limits.agent_idle_s, request)
         register_early(
             node.host,
             command,

@@ -85,7 +85,7 @@ class OpenSshPool:
     def run(
         self, alias: str, command: str, stdin: Optional[bytes] = None, timeout: float = 30.0
     ) -> CommandResult:
-        proc = subprocess.Popen(
+        proc = _take_early(alias, command) or subprocess.Popen(
             [*self.base, "--", alias, command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -132,6 +132,19 @@ class OpenSshPool:
             stdout, stderr = proc.communicate(more or b"", timeout=left)
         watch.raise_if_fired()
         return self._result(alias, proc.returncode, head + stdout, stderr)
+
+    def start_detached(self, alias: str, command: str, stdin_path: Path) -> subprocess.Popen[bytes]:
+        """Start ``command`` with the file ``stdin_path`` as its input and nothing read back,
+        in a session of its own: it goes on after this process exits (an agent's install
+        after the look that found it missing)."""
+        with open(stdin_path, "rb") as stdin:
+            return subprocess.Popen(
+                [*self.base, "--", alias, command],
+                stdin=stdin,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def master_alive(self, alias: str) -> bool:
         """Whether a master to ``alias`` runs (a local request, a few ms)."""

@@ -20,23 +20,42 @@ socket that closed since is left out (``node.tmux``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
 import logging
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.paths import private_dir
+from gpuclaim.remote import bundle, install
 from gpuclaim.remote.openssh import OpenSshPool
+from gpuclaim.remote.shell_look import look_command, parse_look
 
 log = logging.getLogger(__name__)
 
 OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
+
+# Agents to install in the background, and being installed, by alias (one at a time per
+# node per process); a look's fan-out is done long before INSTALL_AFTER_S.
+INSTALL_AFTER_S = 3.0
+_PENDING: dict[str, tuple[OpenSshPool, str, Path]] = {}
+_INSTALLING: dict[str, subprocess.Popen[bytes]] = {}
+_INSTALLS_GUARD = threading.Lock()
+
+
+def _start_installs() -> None:
+    with _INSTALLS_GUARD:
+        for alias, (pool, command, stdin) in list(_PENDING.items()):
+            del _PENDING[alias]
+            with contextlib.suppress(OSError):
+                _INSTALLING[alias] = pool.start_detached(alias, command, stdin)
 
 
 def first_contact_arguments(version: str, idle_s: float) -> str:
@@ -111,13 +130,19 @@ class WarmAgents:
 
     # -- requests ---------------------------------------------------------------------------
     def call(self, alias: str, request: dict[str, Any], timeout: float) -> Optional[Any]:
-        if self._off_reason(alias) is not None:
-            return None
+        on = self._off_reason(alias) is None
         local = self.local_socket(alias)
-        try:
-            return self._ask(alias, local, request, timeout)
-        except _NotSent as exc:
-            log.debug("%s: no warm agent answered (%s): the one-shot agent", alias, exc)
+        if on:
+            try:
+                return self._ask(alias, local, request, timeout)
+            except _NotSent as exc:
+                log.debug("%s: no warm agent answered (%s)", alias, exc)
+        if request.get("op") == "probe":
+            looked = self._shell_look(alias, request, timeout, forward=on)
+            if looked is not None:
+                return looked
+        if not on:
+            return None
         # No warm agent behind the socket (yet, or any more): this request goes to the
         # one-shot agent, which starts the warm one meanwhile; the next ones go warm.
         payload = json.dumps(request).encode()
@@ -127,17 +152,64 @@ class WarmAgents:
         if "socket" not in warm:
             self._turn_off(alias, str(warm.get("error") or "the node did not start one"))
             return answer
+        # It was up, so the forward should reach it now: if not, it never will.
+        self._forward_checked(alias, str(warm["socket"]), timeout, warm.get("started") is False)
+        return answer
+
+    def _shell_look(
+        self, alias: str, request: dict[str, Any], timeout: float, forward: bool
+    ) -> Optional[dict[str, Any]]:
+        """A look with no Python started on the node (``remote.shell_look``); None where the
+        node needs the agent's own (no nvidia-smi on its PATH, a shell that is not sh)."""
+        command = look_command(self.version, self.idle_s, request)
+        result = self.pool.run(alias, command, None, timeout)
+        look = parse_look(result.stdout, result.stderr, request)
+        if look is None or look.inventory is None:
+            log.debug("%s: the shell look cannot answer: the agent's look", alias)
+            return None
+        log.debug("%s: looked with sh (warm agent: %s)", alias, look.agent)
+        if look.agent == "missing":
+            self._install_in_background(alias)
+        elif look.agent == "warm" and forward:
+            with contextlib.suppress(UnreachableError):
+                self._forward_checked(alias, look.socket, timeout, check=True)
+        return {"result": look.inventory}
+
+    def _install_in_background(self, alias: str) -> None:
+        """Send this version's agent to ``alias`` and start it, once this command has said
+        what it has to say (``_start_installs``: at exit, or a few seconds on in a process
+        that lives on, such as the board), and beyond it: the next look finds it warm."""
         try:
-            self._forward(alias, local, str(warm["socket"]), timeout)
-            if warm.get("started") is False:
-                # It was up, so the forward should reach it now: if not, it never will.
+            stdin = bundle.install_input(json.dumps({"op": "ping"}).encode())
+        except OSError as exc:  # a read-only home: the next request's agent installs it
+            log.debug("%s: no background install (%s)", alias, exc)
+            return
+        arguments = first_contact_arguments(self.version, self.idle_s)
+        command = install.install_command(self.version, bundle.bytecode_tag(), arguments)
+        with _INSTALLS_GUARD:
+            running = _INSTALLING.get(alias)
+            if running is not None and running.poll() is None:
+                return
+            if not _PENDING:
+                atexit.register(_start_installs)
+                timer = threading.Timer(INSTALL_AFTER_S, _start_installs)
+                timer.daemon = True
+                timer.start()
+            _PENDING[alias] = (self.pool, command, stdin)
+
+    def _forward_checked(self, alias: str, remote: str, timeout: float, check: bool) -> None:
+        """Forward the local socket to the agent's ``remote`` one; with ``check``, ask it once
+        (an agent known up that does not answer means forwarding is refused: warm path off)."""
+        local = self.local_socket(alias)
+        try:
+            self._forward(alias, local, remote, timeout)
+            if check:
                 self._ask(alias, local, {"op": "ping"}, timeout)
         except _NotSent as exc:
             why = str(exc)
             if isinstance(exc, _NoGreeting) or not local.exists():
                 why = "the node's sshd refuses to forward to it (AllowStreamLocalForwarding no?)"
             self._turn_off(alias, why)
-        return answer
 
     def _ask(self, alias: str, local: Path, request: dict[str, Any], timeout: float) -> Any:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

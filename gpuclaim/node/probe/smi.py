@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
 from gpuclaim.core.errors import ProbeError
@@ -31,12 +31,20 @@ def probe_nvidia_smi(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return inventory_from_xml(node, text, process_user)
+
+
+def inventory_from_xml(
+    node: str, text: str, user_of: Callable[[int], Optional[str]]
+) -> NodeInventory:
+    """The inventory ``nvidia-smi -q -x`` printed, its processes' owners from ``user_of``
+    (here, or on the laptop for a shell look: ``remote.shell_look``)."""
     try:
         gpus, driver = parse_query_xml(text, node)
     except ValueError as exc:
         raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
     gpus = [
-        g.replace(processes=tuple(p.replace(user=process_user(p.pid)) for p in g.processes))
+        g.replace(processes=tuple(p.replace(user=user_of(p.pid)) for p in g.processes))
         for g in gpus
     ]
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
@@ -69,10 +77,15 @@ def _finish_smi(proc: subprocess.Popen[str], timeout: float) -> str:
         proc.kill()
         proc.communicate()
         raise ProbeError(f"nvidia-smi did not answer within {timeout:.0f}s") from exc
-    if proc.returncode != 0:
+    check_smi_exit(proc.returncode, stdout, stderr)
+    return stdout
+
+
+def check_smi_exit(code: int, stdout: str, stderr: str) -> None:
+    """ProbeError, in words, for an ``nvidia-smi`` that exited ``code`` (0: nothing)."""
+    if code != 0:
         message = (stdout + stderr).strip().splitlines()
-        first = message[0] if message else f"exit status {proc.returncode}"
+        first = message[0] if message else f"exit status {code}"
         if looks_like_no_driver(stdout + stderr):
             raise ProbeError(f"nvidia-smi cannot reach the NVIDIA driver: {first}")
         raise ProbeError(f"nvidia-smi failed: {first}")
-    return stdout

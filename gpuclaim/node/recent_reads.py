@@ -1,0 +1,72 @@
+"""The warm agent's last GPU read, reused for looks that allow it (``max_age_s``).
+
+A look at a node costs the node a GPU read (``nvidia-smi`` started, or NVML asked) and a
+walk of ``/proc``: milliseconds each, paid again by every look, while ``status`` in a loop,
+the board and ``metrics`` ask the same node several times a second between them. A look's
+request says how old an answer it accepts (``defaults.gpu_read_max_age``, 1 s); the warm
+agent answers from its last read while that is young enough, and reads again in the
+background once it is half that age, so the next look finds a fresh one. A request that
+accepts none, or finds none young enough, waits for a read of its own, as before.
+
+An answer from an earlier read is still a true answer for the moment it was read: its
+``liveness.checked_from`` is that moment, so a job started since is never taken for lost.
+
+Standard library only, Python 3.9 (node side).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+
+class RecentReads:
+    """``answer(request)``: the probe's answer, from a read no older than the request allows."""
+
+    def __init__(self, read: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._read = read  # the agent's own handling of a probe request
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._refreshing: set[str] = set()
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        max_age = float(request.get("max_age_s") or 0)
+        key = _key(request)
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if max_age > 0 and last is not None and now - last[0] <= max_age:
+                if now - last[0] > max_age / 2 and key not in self._refreshing:
+                    self._refreshing.add(key)
+                    threading.Thread(target=self._refresh, args=(key, request), daemon=True).start()
+                return last[1]
+        return self._read_now(key, request)
+
+    def _read_now(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
+        began = time.monotonic()
+        answer = self._read(request)
+        if "result" in answer:  # an error is never reused: the next look tries again
+            with self._lock:
+                last = self._last.get(key)
+                if last is None or last[0] < began:
+                    self._last[key] = (began, answer)
+        return answer
+
+    def _refresh(self, key: str, request: dict[str, Any]) -> None:
+        try:
+            self._read_now(key, request)
+        finally:
+            with self._lock:
+                self._refreshing.discard(key)
+
+
+def _key(request: dict[str, Any]) -> str:
+    """What makes two looks the same read: all of the request but how old it may be."""
+    return json.dumps(
+        {k: v for k, v in request.items() if k != "max_age_s"}, sort_keys=True, default=str
+    )

@@ -1,0 +1,187 @@
+"""The first look of the day without Python on the node (remote/shell_look.py): the command
+run by a real ``sh`` here, its output parsed, must say what the agent's own look says
+(node.probe.local) for the same nvidia-smi: GPUs, processes and their owners, errors in the
+same words, the job wrappers alive; and report the warm agent's state from its where-file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from gpuclaim.core.liveness import boot_id, process_start
+from gpuclaim.node.probe.local import probe_local
+from gpuclaim.remote.shell_look import ShellLook, look_command, parse_look
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
+VERSION = "0.1.0-test12345678"
+
+
+def _fake_smi(tmp_path: Path, body: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{body}\n")
+    smi.chmod(0o755)
+    return smi
+
+
+def _xml_with_our_pid(tmp_path: Path) -> Path:
+    """A real two-GPU answer whose process is this test's (so its owner can be looked up)."""
+    text = (FIXTURES / "09_2x-rtx-a5000_drv590.44.01_q-x_v13_procs.xml").read_text()
+    path = tmp_path / "qx.xml"
+    path.write_text(text.replace("<pid>100477</pid>", f"<pid>{os.getpid()}</pid>"))
+    return path
+
+
+def _shell_look(
+    tmp_path: Path, request: dict[str, Any], path: Optional[str] = None, prefix: str = ""
+) -> tuple[Optional[ShellLook], subprocess.CompletedProcess[bytes]]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {"HOME": str(home), "PATH": path or f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    command = prefix + look_command(VERSION, 600, request)
+    proc = subprocess.run(["sh", "-c", command], env=env, capture_output=True, timeout=30)
+    return parse_look(proc.stdout, proc.stderr, request), proc
+
+
+def _request(smi: list[str], timeout: float = 10.0) -> dict[str, Any]:
+    return {"op": "probe", "node": "n1", "nvidia_smi": smi, "env": {}, "timeout": timeout}
+
+
+def test_the_shell_look_says_what_the_agent_says(tmp_path: Path) -> None:
+    xml = _xml_with_our_pid(tmp_path)
+    smi = _fake_smi(tmp_path, f"cat {xml}")
+    # a job wrapper alive on this machine, as a rank's wrapper shows in /proc
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "gpuclaim", "wrap"]
+    wrapper = subprocess.Popen([*argv, str(tmp_path / "job" / "spec.json")])
+    try:
+        time.sleep(0.1)
+        agent = probe_local("n1", (str(smi),), {}, 10.0, liveness=True).to_dict()
+        look, proc = _shell_look(tmp_path, _request([str(smi)]))
+        assert look is not None, proc
+        assert look.agent == "missing" and look.socket == ""
+        assert look.inventory is not None
+        live = look.inventory.pop("liveness")
+        agent_live = agent.pop("liveness")
+        assert look.inventory == agent  # GPUs, processes, owners, driver, source
+        assert any(p["user"] for g in agent["gpus"] for p in g["processes"])  # owners looked up
+        assert live["boot_id"] == agent_live["boot_id"] == boot_id()
+        mine = [wrapper.pid, process_start(wrapper.pid)]
+        assert mine in live["wrappers"] and mine in agent_live["wrappers"]
+        assert sorted(live["wrappers"]) == sorted(agent_live["wrappers"])
+        assert live["checked_from"] >= mine[1]  # the look began after the wrapper started
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "echo 'NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.'"
+        "; exit 9",
+        "echo 'Failed to initialize NVML: Unknown Error' >&2; exit 255",
+        "sleep 5",
+        "echo '<nvidia_smi_log><gpu'",  # cut short
+    ],
+)
+def test_a_failing_nvidia_smi_is_said_in_the_agents_words(tmp_path: Path, body: str) -> None:
+    smi = _fake_smi(tmp_path, body)
+    agent = probe_local("n1", (str(smi),), {}, 1.0)
+    look, proc = _shell_look(tmp_path, _request([str(smi)], timeout=1.0))
+    assert look is not None and look.inventory is not None, proc
+    assert agent.error
+    assert look.inventory["error"] == agent.error
+    assert look.inventory["gpus"] == []
+
+
+def test_a_configured_nvidia_smi_that_is_not_there(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope" / "nvidia-smi")
+    agent = probe_local("n1", (missing,), {}, 5.0)
+    look, _ = _shell_look(tmp_path, _request([missing]))
+    assert look is not None and look.inventory is not None
+    assert (
+        look.inventory["error"]
+        == agent.error
+        == (f"cannot run {missing}: No such file or directory")
+    )
+
+
+def test_no_nvidia_smi_on_the_path_leaves_the_look_to_the_agent(tmp_path: Path) -> None:
+    """A node with NVML only: the Python agent reads it (the caller falls back)."""
+    (tmp_path / "bin").mkdir()
+    look, proc = _shell_look(tmp_path, _request([]), path=str(tmp_path / "bin") + ":/bin")
+    assert look is not None, proc
+    assert look.inventory is None
+
+
+def test_what_a_login_script_prints_first_is_skipped(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, f"cat {_xml_with_our_pid(tmp_path)}")
+    look, _ = _shell_look(tmp_path, _request([str(smi)]), prefix="echo 'Welcome!'; echo '@end'; ")
+    assert look is not None and look.inventory is not None
+    assert len(look.inventory["gpus"]) == 2
+
+
+def test_a_look_cut_short_is_no_answer(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, f"cat {_xml_with_our_pid(tmp_path)}")
+    _, proc = _shell_look(tmp_path, _request([str(smi)]))
+    whole = proc.stdout
+    assert parse_look(whole, b"", _request([str(smi)])) is not None
+    assert parse_look(whole[: len(whole) // 2], b"", _request([str(smi)])) is None
+    assert parse_look(b"sh: 1: exec: sh: not found\n", b"", _request([str(smi)])) is None
+
+
+def test_the_warm_agents_state_comes_from_its_where_file(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, f"cat {_xml_with_our_pid(tmp_path)}")
+    cache = tmp_path / "home" / ".cache" / "gpuclaim"
+    cache.mkdir(parents=True)
+    agent_dir = cache / f"agent-{VERSION}"
+    agent_dir.mkdir()  # installed (unpacked), not running: the look starts it
+    (agent_dir / "gpuclaim").mkdir()  # an agent that cannot start: nothing else runs here
+    look, _ = _shell_look(tmp_path, _request([str(smi)]))
+    assert look is not None and look.agent == "starting"
+    # a server that says where it listens, and lives: warm
+    sock_path = tmp_path / "agent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    where = cache / f"agent-{VERSION}.where"
+    try:
+        where.write_text(f"{os.getpid()}\n{sock_path}\n")
+        look, _ = _shell_look(tmp_path, _request([str(smi)]))
+        assert look is not None and (look.agent, look.socket) == ("warm", str(sock_path))
+        # its process gone (a kill -9 left the file and the socket): starting again
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        where.write_text(f"{dead.pid}\n{sock_path}\n")
+        look, _ = _shell_look(tmp_path, _request([str(smi)]))
+        assert look is not None and look.agent == "starting"
+    finally:
+        listener.close()
+
+
+def test_a_warm_agent_killed_with_sigterm_removes_its_where_file(tmp_path: Path) -> None:
+    """A clean-up script's `pkill` ends the agent as idleness does: no look takes its dead
+    socket for a live agent."""
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim.node.main", "serve", VERSION, "600"], env=env
+    )
+    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}.where"
+    deadline = time.monotonic() + 15
+    while not where.exists():
+        assert time.monotonic() < deadline, "the agent never said where it listens"
+        time.sleep(0.05)
+    pid, path = where.read_text().split("\n")[:2]
+    assert int(pid) == server.pid and Path(path).is_socket()
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=10) == 0
+    assert not where.exists() and not Path(path).exists()

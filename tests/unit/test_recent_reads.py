@@ -1,0 +1,103 @@
+"""The warm agent's reuse of its last GPU read (node/recent_reads.py): a look that allows a
+read of some age gets the last one while it is that young, starts a fresh one in the
+background once it is half that old, and waits for its own read otherwise."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from gpuclaim.node import recent_reads
+from gpuclaim.node.recent_reads import RecentReads
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(recent_reads.time, "monotonic", c.monotonic)
+    return c
+
+
+class Reader:
+    """A probe that counts its reads; ``fail`` makes the next answer an error."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.fail = False
+        self.done = threading.Event()
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.reads += 1
+        self.done.set()
+        if self.fail:
+            return {"error": {"type": "ProbeError", "message": "boom"}}
+        return {"result": {"node": request["node"], "read": self.reads}}
+
+
+def _probe(max_age: float = 1.0, node: str = "n1") -> dict[str, Any]:
+    request: dict[str, Any] = {"op": "probe", "node": node, "nvidia_smi": [], "timeout": 10}
+    if max_age:
+        request["max_age_s"] = max_age
+    return request
+
+
+def _wait_reads(reader: Reader, count: int) -> None:
+    deadline = time.time() + 5
+    while reader.reads < count:
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+def test_a_look_that_allows_no_age_always_reads(clock: Clock) -> None:
+    reader = Reader()
+    reads = RecentReads(reader)
+    assert reads.answer(_probe(0))["result"]["read"] == 1
+    assert reads.answer(_probe(0))["result"]["read"] == 2
+
+
+def test_a_young_read_is_reused_and_an_old_one_is_not(clock: Clock) -> None:
+    reader = Reader()
+    reads = RecentReads(reader)
+    assert reads.answer(_probe())["result"]["read"] == 1
+    clock.now += 0.3  # younger than half the age allowed: reused, nothing read
+    assert reads.answer(_probe())["result"]["read"] == 1
+    assert reader.reads == 1
+    clock.now += 1.0  # older than allowed: this look waits for its own read
+    assert reads.answer(_probe())["result"]["read"] == 2
+
+
+def test_a_read_half_as_old_as_allowed_is_refreshed_behind_the_answer(clock: Clock) -> None:
+    reader = Reader()
+    reads = RecentReads(reader)
+    reads.answer(_probe())
+    clock.now += 0.7
+    assert reads.answer(_probe())["result"]["read"] == 1  # answered at once from the last
+    _wait_reads(reader, 2)  # and a fresh read made behind it
+    deadline = time.time() + 5
+    while reads.answer(_probe())["result"]["read"] != 2:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    assert reader.reads == 2  # one refresh, however many looks asked meanwhile
+
+
+def test_reads_are_kept_per_request_and_errors_are_not_kept(clock: Clock) -> None:
+    reader = Reader()
+    reads = RecentReads(reader)
+    reads.answer(_probe(node="n1"))
+    assert reads.answer(_probe(node="n2"))["result"] == {"node": "n2", "read": 2}
+    reader.fail = True
+    clock.now += 5
+    assert "error" in reads.answer(_probe(node="n1"))
+    reader.fail = False
+    assert reads.answer(_probe(node="n1"))["result"]["read"] == 4  # read again, not the error
