@@ -6,7 +6,8 @@ without it), the three ratios [fast-2] asks for, in one run on the sshd testbed.
     python bench/gpu_read_costs.py [--costs 5,50,2000] [--nodes 1,4,16] [--repeat 3]
 
   warm / pdsh    ``status --json`` with masters and warm agents up, against pdsh running the
-                 two nvidia-smi queries a look needs (targets: <= 0.15 at N=16)
+                 two nvidia-smi queries a look needs (targets: <= 0.15 at N=16); warm-read:
+                 the same with every look reading the GPUs (``gpu_read_max_age = 0``)
   first / pdsh   the first call of the day (no masters, no agents) against pdsh
                  (target: <= 1.0 at N=4 and 16)
   run / hand     plain ``run`` until the job's first output, against ``ssh node tmux new -d``
@@ -60,12 +61,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print("\nnvidia-smi  N     pdsh    warm  warm/pdsh   first  first/pdsh")
+    print(
+        "\nnvidia-smi  N     pdsh    warm  warm/pdsh   first  first/pdsh  warm-read  warm-read/pdsh"
+    )
     for row in rows:
         for n, t in row["fanout"].items():
             print(
                 f"{row['cost_ms']:>8g}ms {n:>3} {t['pdsh']:>8.3f} {t['warm']:>7.3f} "
                 f"{t['warm'] / t['pdsh']:>10.2f} {t['first']:>7.3f} {t['first'] / t['pdsh']:>11.2f}"
+                f" {t['warm-read']:>10.3f} {t['warm-read'] / t['pdsh']:>15.2f}"
             )
     print("\nnvidia-smi  by hand  run (plain)  ratio  run --follow  ratio   (N=1)")
     for row in rows:
