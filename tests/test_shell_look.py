@@ -52,20 +52,23 @@ def _shell_look(
     return parse_look(proc.stdout, proc.stderr, request), proc
 
 
-def _request(smi: list[str], timeout: float = 10.0) -> dict[str, Any]:
-    return {"op": "probe", "node": "n1", "nvidia_smi": smi, "env": {}, "timeout": timeout}
+def _request(
+    smi: list[str], timeout: float = 10.0, env: Optional[dict[str, str]] = None
+) -> dict[str, Any]:
+    return {"op": "probe", "node": "n1", "nvidia_smi": smi, "env": env or {}, "timeout": timeout}
 
 
 def test_the_shell_look_says_what_the_agent_says(tmp_path: Path) -> None:
-    xml = _xml_with_our_pid(tmp_path)
-    smi = _fake_smi(tmp_path, f"cat {xml}")
+    # the node's env setting reaches nvidia-smi (here: which answer it gives)
+    env = {"FAKE_SMI_XML": str(_xml_with_our_pid(tmp_path))}
+    smi = _fake_smi(tmp_path, 'cat "$FAKE_SMI_XML"')
     # a job wrapper alive on this machine, as a rank's wrapper shows in /proc
     argv = [sys.executable, "-c", "import time; time.sleep(60)", "gpuclaim", "wrap"]
     wrapper = subprocess.Popen([*argv, str(tmp_path / "job" / "spec.json")])
     try:
         time.sleep(0.1)
-        agent = probe_local("n1", (str(smi),), {}, 10.0, liveness=True).to_dict()
-        look, proc = _shell_look(tmp_path, _request([str(smi)]))
+        agent = probe_local("n1", (str(smi),), env, 10.0, liveness=True).to_dict()
+        look, proc = _shell_look(tmp_path, _request([str(smi)], env=env))
         assert look is not None, proc
         assert look.agent == "missing" and look.socket == ""
         assert look.inventory is not None

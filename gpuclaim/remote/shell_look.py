@@ -44,9 +44,10 @@ if [ -r "$a.where" ]; then {{ read -r p; read -r w; }} < "$a.where"; fi
 if [ -n "$w" ] && [ -S "$w" ] && kill -0 "$p"; then s=warm; fi
 echo "@agent $s"
 echo "@socket $w"
-echo @boot; cat /proc/sys/kernel/random/boot_id
-echo @self; cat /proc/$$/stat
-echo @mounts; grep ' - proc ' /proc/self/mountinfo
+echo @boot; read -r b < /proc/sys/kernel/random/boot_id; echo "$b"
+echo @self; read -r b < /proc/$$/stat; echo "$b"
+echo @mounts
+while read -r b; do case $b in *' - proc '*) echo "$b";; esac; done < /proc/self/mountinfo
 echo @wrappers
 for f in $(grep -l -a -F /spec.json /proc/[0-9]*/cmdline 2>/dev/null); do
   d=${{f%/cmdline}}; echo "@w ${{d#/proc/}}"
@@ -56,12 +57,14 @@ done
 {smi}
 t=; if command -v timeout >/dev/null 2>&1; then t="timeout -k 2 {timeout}"; fi
 echo @smi
-o=$(env {env} $t "$@" -q -x 2>&3); c=$?
+o=$({env}$t "$@" -q -x 2>&3); c=$?
 printf '%s\n' "$o"
 echo "@smi-exit $c"
 echo @owners
-q=$(printf '%s\n' "$o" | sed -n 's:.*<pid>\([0-9][0-9]*\)</pid>.*:/proc/\1:p')
-if [ -n "$q" ]; then stat -c '%u %U %n' $q; fi
+case $o in *'<pid>'*)
+  q=$(printf '%s\n' "$o" | sed -n 's:.*<pid>\([0-9][0-9]*\)</pid>.*:/proc/\1:p')
+  if [ -n "$q" ]; then stat -c '%u %U %n' $q; fi;;
+esac
 echo @end
 if [ $s = starting ]; then
   for x in "$a.pyz" "$a"; do
@@ -96,7 +99,8 @@ def look_command(version: str, idle_s: float, request: Mapping[str, Any]) -> str
     """The command for one ``probe`` request (``core.protocol.ProbeRequest``)."""
     configured = [str(word) for word in request.get("nvidia_smi") or ()]
     smi = f"set -- {shlex.join(configured)}" if configured else _SMI_ON_PATH
-    env = " ".join(shlex.quote(f"{k}={v}") for k, v in dict(request.get("env") or {}).items())
+    pairs = [shlex.quote(f"{k}={v}") for k, v in dict(request.get("env") or {}).items()]
+    env = f"env {' '.join(pairs)} " if pairs else ""  # no process more where none is set
     script = _SCRIPT.format(
         version=shlex.quote(version),
         header=HEADER,
