@@ -332,7 +332,7 @@ async def test_a_hung_node_never_blocks_and_its_old_data_says_how_old(tmp_path):
             self.answered: set[str] = set()
             self.release = threading.Event()
 
-        def probe(self, nodes):
+        def probe(self, nodes, enough=None, max_age_s=0.0):
             if [n.name for n in nodes] == ["node02"] and "node02" in self.answered:
                 self.release.wait(30)
             self.answered.update(n.name for n in nodes)

@@ -40,7 +40,9 @@ class FixedProber(NodeProber):
         super().__init__(config)
         self.inventories = inventories
 
-    def probe(self, nodes: Sequence[NodeConfig]) -> dict[str, NodeInventory]:
+    def probe(
+        self, nodes: Sequence[NodeConfig], enough: Any = None, max_age_s: float = 0.0
+    ) -> dict[str, NodeInventory]:
         return {n.name: self.inventories[n.name] for n in nodes}
 
 

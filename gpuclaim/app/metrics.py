@@ -30,7 +30,7 @@ from gpuclaim.core.model import Job
 from gpuclaim.core.priority import QueueEntry, parse_entry
 from gpuclaim.core.states import ACTIVE_JOB_STATES, GpuState, ServiceHealth
 from gpuclaim.core.usage import usage_view
-from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
+from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view, shown_max_age
 from gpuclaim.engine.job_records import load_jobs
 from gpuclaim.engine.launch import NodeOps
 from gpuclaim.engine.observe import follow_up_look
@@ -61,7 +61,7 @@ def take_look(config: Config, store: Store, prober: NodeProber, ops: NodeOps) ->
     policy, Slack notices, services of a rebooted node started again)."""
     outcomes = fan_out(
         [n.name for n in config.nodes],
-        lambda name: prober.probe([config.node(name)])[name],
+        lambda name: prober.probe([config.node(name)], max_age_s=shown_max_age(config))[name],
         config.limits.deadline_s,
     )
     inventories = {n: o.value for n, o in outcomes.items() if o.value is not None}

@@ -13,7 +13,7 @@ from gpuclaim.core.errors import StorageRefusesWrites
 from gpuclaim.core.model import Job, NodeInventory
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FaceState, GpuState
 from gpuclaim.core.usage import usage_view
-from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view
+from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view, shown_max_age
 from gpuclaim.engine.job_records import load_jobs, observed_state
 from gpuclaim.engine.observe import follow_up_look
 from gpuclaim.engine.service_view import ServiceRow, service_rows
@@ -95,7 +95,7 @@ def probe_node(services: BoardServices, name: str, previous: Optional[NodeSample
     """Ask one node (never raises: a failure is an inventory with an error)."""
     node = services.config.node(name)
     start = time.monotonic()
-    inventory = services.prober.probe([node])[name]
+    inventory = services.prober.probe([node], max_age_s=shown_max_age(services.config))[name]
     at = services.clock()
     sample = NodeSample(inventory, at, time.monotonic() - start)
     last_ok = at if sample.ok else (previous.last_ok if previous else None)
@@ -139,7 +139,9 @@ def read_board(
 
 def read_once(services: BoardServices) -> BoardData:
     """Probe every node once, in parallel, and read the store."""
-    inventories = services.prober.probe(services.config.nodes)
+    inventories = services.prober.probe(
+        services.config.nodes, max_age_s=shown_max_age(services.config)
+    )
     now = services.clock()
     samples = {
         name: NodeSample(inv, now, 0.0, now if inv.reachable and not inv.error else None)

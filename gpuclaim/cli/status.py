@@ -31,18 +31,20 @@ def status(
     """Show every GPU: free, claimed, busy-unclaimed, stale or unreachable."""
     from gpuclaim.app.hostlists import node_names
     from gpuclaim.core.usage import usage_view
-    from gpuclaim.engine.cluster import build_view
+    from gpuclaim.engine.cluster import build_view, shown_max_age
     from gpuclaim.engine.observe import follow_up_look
+    from gpuclaim.engine.services import services_down
 
     st = state(ctx, looking=True)
     st.dispatch_quietly()
     cfg = st.config
     nodes = [cfg.node(n) for n in node_names(node)] if node else None
     with waiting(f"asking {len(nodes or cfg.nodes)} node(s)"):
-        view = build_view(cfg, st.store, nodes, prober=st.prober)
+        view = build_view(cfg, st.store, nodes, prober=st.prober, max_age_s=shown_max_age(cfg))
     if not node:  # the whole picture: what completion offers next time
         completion.remember_view(cfg.path, view)
-    look = follow_up_look(cfg, st.store, view, st.ops)
+    ops = st.ops if services_down(view) else None  # NodeOps (engine.launch): only to revive
+    look = follow_up_look(cfg, st.store, view, ops)
     if look.refusal:
         st.refused(look.refusal)
     say_revival(look.revival, quiet)
@@ -85,11 +87,11 @@ def status(
 
 def services_held(store: Any, view: Any) -> dict[str, Any]:
     """The services holding GPUs in the view, by claim id (their records read only then)."""
-    from gpuclaim.engine.service_view import service_row
-
     found = {}
     for status in view.snapshot.claims.values():
         if status.claim.service and status.claim.job:
+            from gpuclaim.engine.service_view import service_row  # here: only with services
+
             job = store.load_job(job_id=status.claim.job)
             row = service_row(job, view.snapshot.claims) if job is not None else None
             if row is not None:

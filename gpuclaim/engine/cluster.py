@@ -61,6 +61,8 @@ class GpuRow:
 
 @dataclass
 class ClusterView:
+    """Every GPU's row, each node's answer, and the store as this look read it."""
+
     rows: list[GpuRow]
     inventories: dict[str, NodeInventory]
     snapshot: Snapshot
@@ -97,9 +99,12 @@ class NodeProber:
         self,
         nodes: Sequence[NodeConfig],
         enough: Optional[Callable[[dict[str, NodeInventory]], bool]] = None,
+        max_age_s: float = 0.0,
     ) -> dict[str, NodeInventory]:
         """Every node answers with its inventory, or is marked unreachable with the reason.
-        ``enough(answers so far)``: stop waiting for slow nodes once it holds (see fan_out)."""
+        ``enough(answers so far)``: stop waiting for slow nodes once it holds (see fan_out).
+        ``max_age_s``: a warm agent may answer from a GPU read this old (node.recent_reads):
+        for looks shown to people only (``shown_max_age``); a decision reads now."""
         by_name = {n.name: n for n in nodes}
 
         def answered_enough(outcomes: dict[str, Outcome[NodeInventory]]) -> bool:
@@ -109,7 +114,7 @@ class NodeProber:
 
         outcomes = fan_out(
             list(by_name),
-            lambda name: self._probe_one(by_name[name]),
+            lambda name: self._probe_one(by_name[name], max_age_s),
             self.config.limits.deadline_s,
             answered_enough if enough is not None else None,
         )
@@ -123,17 +128,20 @@ class NodeProber:
                 result[name] = NodeInventory(node=name, reachable=False, error=outcome.error)
         return result
 
-    def _probe_one(self, node: NodeConfig) -> NodeInventory:
+    def _probe_one(self, node: NodeConfig, max_age_s: float) -> NodeInventory:
         limits = self.config.limits
         args = probe_request(
-            node.name,
-            node.nvidia_smi,
-            dict(node.env),
-            limits.probe_timeout_s,
-            limits.gpu_read_max_age_s,
+            node.name, node.nvidia_smi, dict(node.env), limits.probe_timeout_s, max_age_s
         )
         answer = self.channels.to_node(node).call("probe", args, limits.probe_timeout_s + 5)
         return NodeInventory.from_dict(answer)
+
+
+def shown_max_age(config: Config) -> float:
+    """How old a GPU read a look shown to people may be answered from (``status``, the
+    board, ``metrics``): ``defaults.gpu_read_max_age``. Claims, placement and the queue
+    never pass it: what they decide on is read now."""
+    return config.limits.gpu_read_max_age_s
 
 
 def build_view(
@@ -143,6 +151,7 @@ def build_view(
     inventories: Optional[dict[str, NodeInventory]] = None,
     prober: Optional[NodeProber] = None,
     fits: Optional[int] = None,
+    max_age_s: float = 0.0,
 ) -> ClusterView:
     """Probe (unless given inventories), read the store, and judge every GPU. With ``fits``,
     nodes still answering once one that answered has that many free GPUs are not waited for
@@ -171,7 +180,7 @@ def build_view(
 
         if prober is None:
             raise TypeError("build_view: probing the nodes needs a prober (or inventories)")
-        inventories = prober.probe(selected, enough)
+        inventories = prober.probe(selected, enough, max_age_s)
     snap = settle_bookings(config, store, mark_lost_jobs(store.snapshot(), inventories))
     rows: list[GpuRow] = []
     seen: set[str] = set()

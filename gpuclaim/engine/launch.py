@@ -325,6 +325,7 @@ class _CachedProber(NodeProber):
         self,
         nodes: Sequence[NodeConfig],
         enough: Optional[Callable[[dict[str, Any]], bool]] = None,
+        max_age_s: float = 0.0,
     ) -> dict[str, Any]:
         missing = [n for n in nodes if n.name not in self.view.inventories]
         result = {
@@ -333,7 +334,7 @@ class _CachedProber(NodeProber):
         if missing:
             cached = dict(result)  # ``enough`` judges the cached answers and the new ones
             judge = None if enough is None else (lambda answers: enough({**cached, **answers}))
-            result.update(self.inner.probe(missing, judge))
+            result.update(self.inner.probe(missing, judge, max_age_s))
         return result
 
 

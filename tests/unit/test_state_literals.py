@@ -18,7 +18,8 @@ EXEMPT_DIRS = ("gpuclaim/sim/",)
 # (module path, word): what the word means there. Keep it short: each is a reviewed exception.
 NOT_A_STATE: dict[tuple[str, str], str] = {
     ("gpuclaim/core/config.py", "timeout"): "the [slack] key: seconds a post may take",
-    ("gpuclaim/engine/cluster.py", "timeout"): "the probe request's field: seconds it may take",
+    ("gpuclaim/core/protocol.py", "timeout"): "the probe request's field: seconds it may take",
+    ("gpuclaim/remote/shell_look.py", "timeout"): "the probe request's field, read for sh",
     ("gpuclaim/node/agent.py", "timeout"): "the probe request's field, read on the node",
 }
 
