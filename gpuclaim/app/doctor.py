@@ -23,6 +23,8 @@ MOUNT_FIX = "mount the shared storage at the same path on the node"
 
 @dataclass
 class NodeHealth:
+    """What ``doctor`` found on one node, and what to fix there."""
+
     node: str
     reachable: bool
     seconds: float = 0.0

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional
 
-import hostlist
-
 from gpuclaim.core.errors import ConfigError, UsageError
 
 
 def expand(text: str) -> list[str]:
     """``node[01-02]`` -> ``["node01", "node02"]``; raises hostlist.BadHostlist."""
+    import hostlist  # here, as below: only a name with a range needs it (~1 ms of a call)
+
     return list(hostlist.expand_hostlist(text, allow_duplicates=True))
 
 
@@ -23,6 +23,8 @@ def expand_config_nodes(raw: dict[str, Any]) -> dict[str, Any]:
     nodes = raw.get("nodes")
     if not isinstance(nodes, list) or not any(_ranged(n) for n in nodes):
         return raw
+    import hostlist
+
     names: list[Any] = []
     for item in nodes:
         if not _ranged(item):
@@ -65,6 +67,8 @@ def one_node(value: Optional[str], flag: str = "--node") -> Optional[str]:
 
 
 def _expanded(value: str, flag: str) -> list[str]:
+    import hostlist
+
     try:
         names = expand(value.strip())
     except hostlist.BadHostlist as exc:

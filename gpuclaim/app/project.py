@@ -30,6 +30,9 @@ KEYS = {"gpus", "nodes", "time", "venv", "conda", "sync", "sync_exclude", "sync_
 
 @dataclass(frozen=True)
 class ProjectDefaults:
+    """A project's defaults for ``run`` (``gpuclaim.toml`` or ``[tool.gpuclaim]``); all unset
+    outside a project."""
+
     path: Optional[Path] = None  # the file they came from
     gpus: Optional[int] = None
     nodes: Optional[int] = None

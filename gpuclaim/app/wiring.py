@@ -10,7 +10,6 @@ from gpuclaim.core.config import Config, parse_storage_url
 from gpuclaim.core.paths import host_lock_dir
 from gpuclaim.engine.cluster import NodeProber
 from gpuclaim.remote.channels import NodeChannels
-from gpuclaim.remote.store_proxy import RemoteStore
 from gpuclaim.store import ClaimStore, Store
 
 
@@ -22,6 +21,8 @@ def make_prober(config: Config) -> NodeProber:
 def open_store(config: Config, prober: NodeProber) -> Store:
     """The store the config names, not yet ``ensure``d (the caller decides how strictly)."""
     if config.storage.startswith("ssh://"):
+        from gpuclaim.remote.store_proxy import RemoteStore  # here: only an ssh:// storage
+
         host, root = parse_storage_url(config.storage)
         # RemoteStore's methods are made from the interface's names (one forwarding method
         # each: test_architecture checks it whole), which mypy cannot see

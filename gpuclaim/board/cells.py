@@ -108,6 +108,8 @@ def reason_style(value: str) -> str:
 
 @dataclass(frozen=True)
 class Column:
+    """One column of the board's table: its key, heading and width."""
+
     key: str
     label: str
     width: int

@@ -88,7 +88,6 @@ class AppState:
         """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon.
         With ``every``, each queued job is judged (why it waits), for a listing."""
         from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
-        from gpuclaim.engine.dispatch import judge_queue
 
         try:
             entries = self.store.queue_entries()
@@ -96,6 +95,8 @@ class AppState:
             return None  # the command itself reports a broken config or storage
         if not entries:
             return None
+        from gpuclaim.engine.dispatch import judge_queue  # here: an empty queue needs none of it
+
         try:
             return judge_queue(self.config, self.store, self.prober, self.ops, every=every)
         except StorageRefusesWrites as exc:

@@ -7,6 +7,7 @@ sweep file is one task per line, the line's words split as a POSIX shell splits 
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -16,12 +17,23 @@ from gpuclaim.core.errors import UsageError
 
 ARRAY_ID_PREFIX = "a-"  # array ids: 'a-<hex>'; their tasks: 'a-<hex>-<index>'
 MAX_TASKS = 10_000  # SLURM's default MaxArraySize is 1001; a sweep of 10,000 is still sane
-_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
-_TASK_NAME = re.compile(r"^(.+)\[(\d+)\]$")
+
+
+# The patterns are compiled on first use, not at import: the queue's order imports this module.
+@functools.cache
+def _range() -> re.Pattern[str]:
+    return re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+@functools.cache
+def _task_name() -> re.Pattern[str]:
+    return re.compile(r"^(.+)\[(\d+)\]$")
 
 
 @dataclass(frozen=True)
 class ArraySpec:
+    """``--array``'s indices, and how many of its tasks may run at once (``%K``)."""
+
     indices: tuple[int, ...]
     max_running: Optional[int] = None
 
@@ -43,7 +55,7 @@ def parse_array_spec(spec: str) -> ArraySpec:
         raise UsageError(f"--array {spec!r}: give indices, e.g. 0-95, 1,3,5-7 or 0-10:2")
     indices: set[int] = set()
     for part in body.split(","):
-        match = _RANGE.match(part.strip())
+        match = _range().match(part.strip())
         if not match:
             raise UsageError(
                 f"--array {spec!r}: {part!r} is not an index or a range (e.g. 0-95, 0-10:2)"
@@ -88,7 +100,7 @@ def task_name(base: str, index: int) -> str:
 
 def split_task_name(name: str) -> Optional[tuple[str, int]]:
     """``sweep[7]`` -> ("sweep", 7); anything else None."""
-    match = _TASK_NAME.match(name)
+    match = _task_name().match(name)
     return (match.group(1), int(match.group(2))) if match else None
 
 

@@ -3,15 +3,30 @@ sizes as rsync reads them (``500M``, ``4GiB``, ``2GB``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from gpuclaim.core.errors import UsageError
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_HUMAN = re.compile(r"^(?:(\d+(?:\.\d+)?)\s*([smhdw]))+$")
-_HUMAN_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-# SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S".
-_SLURM = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+# The patterns are compiled on first use, not at import: most calls parse no duration.
+@functools.cache
+def _human() -> re.Pattern[str]:
+    return re.compile(r"^(?:(\d+(?:\.\d+)?)\s*([smhdw]))+$")
+
+
+@functools.cache
+def _human_part() -> re.Pattern[str]:
+    return re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+
+
+@functools.cache
+def _slurm() -> re.Pattern[str]:
+    # SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S".
+    return re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
 
 _EXAMPLES = "use e.g. 90m, 4h, 2d, 1h30m or SLURM's 1-12:00:00"
 
@@ -21,8 +36,8 @@ def parse_duration(text: str) -> float:
     value = text.strip().lower()
     if not value:
         raise UsageError(f"empty duration ({_EXAMPLES})")
-    if _HUMAN.match(value):
-        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _HUMAN_PART.findall(value))
+    if _human().match(value):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _human_part().findall(value))
     else:
         seconds = _parse_slurm(value)
     if seconds <= 0:
@@ -33,7 +48,7 @@ def parse_duration(text: str) -> float:
 
 
 def _parse_slurm(value: str) -> float:
-    m = _SLURM.match(value)
+    m = _slurm().match(value)
     if not m:
         raise UsageError(f"not a duration: {value!r} ({_EXAMPLES})")
     days, a, b, c = m.groups()
@@ -75,13 +90,15 @@ def format_slurm_time(seconds: float) -> str:
     return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+@functools.cache
+def _size() -> re.Pattern[str]:
+    return re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
 def parse_bytes(text: str) -> int:
     """Bytes in ``text``, as rsync reads sizes: ``4G``/``4GiB`` = 4 x 1024^3, ``4GB`` = 4 x
     1000^3, ``500M``, ``2T``, a bare number = bytes. Raises UsageError with an example."""
-    m = _SIZE.match(text)
+    m = _size().match(text)
     if not m or m.group(3).lower() == "i" or (m.group(3).lower() == "ib" and not m.group(2)):
         raise UsageError(f"not a size: {text!r} (use e.g. 500M, 4GiB, 2GB or 1T)")
     number, unit, suffix = float(m.group(1)), m.group(2).lower(), m.group(3).lower()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import getpass
+import functools
 import os
 import re
 import socket
 
 from gpuclaim.core.errors import UsageError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+@functools.cache  # compiled on first use: a look validates no name
+def _name() -> re.Pattern[str]:
+    return re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 def current_user(configured: str | None = None) -> str:
@@ -19,6 +22,8 @@ def current_user(configured: str | None = None) -> str:
 
 
 def _login_name() -> str:
+    import getpass  # here: only without a configured user (it imports termios)
+
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers)
@@ -27,7 +32,7 @@ def _login_name() -> str:
 
 def validate_name(value: str, what: str) -> str:
     """Names end up in file names, tmux sessions and Slack: letters, digits, ``_`` and ``-``."""
-    if not _NAME.match(value):
+    if not _name().match(value):
         raise UsageError(
             f"invalid {what} {value!r}: use 1-64 letters, digits, '_' or '-', "
             "starting with a letter or digit"

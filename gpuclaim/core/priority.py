@@ -12,6 +12,7 @@ Standard library only: wrappers and keepers dispatch from the nodes."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from gpuclaim.core.config import QueuePolicy
 
 MAX_NICE = 100000
 
-_ENTRY = re.compile(
-    r"^(?P<time>\d+\.\d+)-(?P<job>[A-Za-z0-9_-]+?)"
-    r"(?:\+(?P<user>[A-Za-z0-9][A-Za-z0-9_-]*)\+(?P<nice>\d+)\+(?P<begin>\d+))?$"
-)
+
+@functools.cache  # compiled on first use: a run imports this module for MAX_NICE alone
+def _entry() -> re.Pattern[str]:
+    return re.compile(
+        r"^(?P<time>\d+\.\d+)-(?P<job>[A-Za-z0-9_-]+?)"
+        r"(?:\+(?P<user>[A-Za-z0-9][A-Za-z0-9_-]*)\+(?P<nice>\d+)\+(?P<begin>\d+))?$"
+    )
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def entry_name(submitted: float, job_id: str, user: str, nice: int, begin: float
 
 def parse_entry(name: str) -> Optional[QueueEntry]:
     """The entry a file name in the queue directory is; None for a name that is none."""
-    m = _ENTRY.match(name)
+    m = _entry().match(name)
     if m is None:
         return None
     return QueueEntry(

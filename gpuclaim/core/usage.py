@@ -47,6 +47,8 @@ def fold_sample(
 
 @dataclass(frozen=True)
 class Idleness:
+    """How long a claim's GPUs have been idle, and whether that is past the idle window."""
+
     idle_for_s: float  # time since a GPU of the claim was last busy
     idle: bool
 

@@ -9,6 +9,7 @@ raising. Parsing is pure: a time in the past is returned as is; the caller decid
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import date, datetime, time, timedelta, timezone
 
@@ -25,13 +26,23 @@ _WEEKDAYS = {
 }
 _NEAR_DAYS = {-1: "yesterday", 0: "today", 1: "tomorrow"}
 
-# "14:00", "9:05", "14:00:30", "9am", "5 pm", "5:30pm"; a bare "14" is not a time.
-_CLOCK = re.compile(r"^(\d{1,2})(?::(\d{2})(?::(\d{2}))?)?\s*(am|pm)?$")
-# Only what datetime.fromisoformat reads alike on 3.9 and 3.11+ (3.11 reads much more);
-# fractions too, since the --json shapes (model.iso) write "...T09:00:00.000Z".
-_ISO = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})(?:[t ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)(z|[+-]\d{2}:\d{2})?)?$"
-)
+
+# The patterns are compiled on first use, not at import: every look imports this module
+# (engine.bookings), and few parse a time.
+@functools.cache
+def _clock_re() -> re.Pattern[str]:
+    # "14:00", "9:05", "14:00:30", "9am", "5 pm", "5:30pm"; a bare "14" is not a time.
+    return re.compile(r"^(\d{1,2})(?::(\d{2})(?::(\d{2}))?)?\s*(am|pm)?$")
+
+
+@functools.cache
+def _iso_re() -> re.Pattern[str]:
+    # Only what datetime.fromisoformat reads alike on 3.9 and 3.11+ (3.11 reads much more);
+    # fractions too, since the --json shapes (model.iso) write "...T09:00:00.000Z".
+    return re.compile(
+        r"^(\d{4}-\d{2}-\d{2})"
+        r"(?:[t ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)(z|[+-]\d{2}:\d{2})?)?$"
+    )
 
 
 def parse_when(text: str, now: float, *, after: float | None = None) -> float:
@@ -61,7 +72,7 @@ def parse_when(text: str, now: float, *, after: float | None = None) -> float:
         # an end's weekday is the first one after the start (fri 22:00 -> mon 09:00)
         anchor = now if after is None else max(now, after)
         return _next_weekday(_WEEKDAYS[word], clock, datetime.fromtimestamp(anchor).date(), anchor)
-    iso = _ISO.match(value)
+    iso = _iso_re().match(value)
     if iso:
         return _iso(text, *iso.groups())
     clock = _clock(text, value)
@@ -121,7 +132,7 @@ def _relative(text: str, rest: str) -> float:
 def _clock(text: str, value: str) -> time | None:
     """The time of day in ``value``; None if it is not shaped like one, UsageError if it is
     but names no such time (``25:00``, ``12:61``, ``13pm``)."""
-    m = _CLOCK.match(value)
+    m = _clock_re().match(value)
     if not m:
         return None
     hour_s, minute_s, second_s, half = m.groups()

@@ -40,6 +40,8 @@ from gpuclaim.store import Store
 
 @dataclass(frozen=True)
 class ArrayRequest:
+    """``run --array`` or ``--sweep``: the run each task is made from, and its tasks."""
+
     run: RunRequest  # the command (each task's argv starts with it), its GPUs, time, name
     indices: tuple[int, ...]
     spec: str  # as the user gave it: '0-95%8', or the sweep file's name
@@ -49,6 +51,8 @@ class ArrayRequest:
 
 @dataclass(frozen=True)
 class ArraySubmitted:
+    """An array as submitted: its record and its tasks."""
+
     record: ArrayRecord
     tasks: list[Job]
 

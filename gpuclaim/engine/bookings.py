@@ -36,6 +36,9 @@ SHOWN_AHEAD_S = 24 * 3600.0
 
 @dataclass(frozen=True)
 class BookingRequest:
+    """What ``reserve`` asks for: ``count`` GPUs (on ``node``, or exactly ``exact``) from
+    ``start`` to ``end``, for ``user``."""
+
     user: str
     start: float
     end: float

@@ -56,6 +56,8 @@ CLAIM_MARGIN_S = 120.0  # a job's claim outlives its time limit by the grace plu
 
 @dataclass
 class GcReport:
+    """What ``gc`` found and removed."""
+
     expired: list[Claim] = field(default_factory=list)
     incomplete: list[Claim] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)

@@ -54,6 +54,9 @@ class Verdict:
 
 @dataclass
 class QueueReport:
+    """What a pass over the queue did: the jobs it started, and for each one still queued why
+    it waits and when it is expected to start."""
+
     started: list[Job] = field(default_factory=list)
     verdicts: dict[str, Verdict] = field(default_factory=dict)  # by job id, the queued ones
     starts: dict[str, float] = field(default_factory=dict)  # job id -> its expected start

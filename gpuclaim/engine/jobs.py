@@ -34,7 +34,6 @@ from gpuclaim.engine.bookings import booking_for, settle_bookings
 from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
-from gpuclaim.engine.dispatch import dispatch_queue
 from gpuclaim.engine.job_records import (
     find_job,
     finish_rank,
@@ -57,6 +56,9 @@ from gpuclaim.store import Store
 
 @dataclass(frozen=True)
 class RunRequest:
+    """What ``run`` asks for (``serve``, ``shell`` and ``notebook`` too): the command, its GPUs
+    and nodes, and how, where and when it starts."""
+
     user: str
     argv: tuple[str, ...]
     name: Optional[str] = None
@@ -212,6 +214,8 @@ def submit_job(
         store.create_job(job=job)
         enqueue(store, job)
         store.append_event(job_event(EventType.JOB_QUEUED, job, job.submitted))
+        from gpuclaim.engine.dispatch import dispatch_queue  # here: a job that starts needs none
+
         dispatch_queue(config, store, prober=prober, ops=ops)
         job = reload_job(store, job)
         if job.state == JobState.QUEUED:

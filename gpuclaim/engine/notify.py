@@ -88,6 +88,8 @@ TURN = "notify"  # the store's delivery turn: one deliverer at a time
 
 @dataclass(frozen=True)
 class PostResult:
+    """How one POST to Slack went, and whether (and when) to try it again."""
+
     ok: bool
     status: Optional[int]  # HTTP status, None if no answer
     body: str
@@ -386,6 +388,8 @@ def record_notices(view: ClusterView, store: Store) -> list[Event]:
 
 @dataclass
 class DeliveryReport:
+    """What one delivery of pending Slack messages did."""
+
     sent: int = 0
     pending: bool = False  # something is left for the next deliverer
     last_error: Optional[str] = None

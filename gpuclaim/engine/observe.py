@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import StorageRefusesWrites
 from gpuclaim.core.records import UsageSummary
 from gpuclaim.core.states import GpuState
-from gpuclaim.engine.claims import finish_lost_claim
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.idle import apply_policy, sample_view
-from gpuclaim.engine.launch import NodeOps
-from gpuclaim.engine.notify import record_notices
 from gpuclaim.engine.services import Revival, revive_services
 from gpuclaim.store import Store
+
+if TYPE_CHECKING:  # claims, launch, notify: imported where a look has their work (~10 ms)
+    from gpuclaim.engine.launch import NodeOps
 
 
 @dataclass
@@ -38,12 +38,16 @@ def follow_up_look(
     try:
         for status in view.snapshot.claims.values():
             if status.reason == "job lost" and status.claim.job:
+                from gpuclaim.engine.claims import finish_lost_claim  # here: only for a lost job
+
                 finish_lost_claim(store, status.claim)
         if ops is not None:
             revival = revive_services(config, store, view, ops)
         summaries = sample_view(view, store, config.idle.threshold_pct)
         apply_policy(config, store, view, summaries)
         if config.slack.webhook_url:
+            from gpuclaim.engine.notify import record_notices  # here: only with Slack
+
             record_notices(view, store)
     except StorageRefusesWrites as exc:
         held = sorted({r.claim.id for r in view.rows if r.claim and r.state == GpuState.CLAIMED})

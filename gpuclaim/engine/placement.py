@@ -24,6 +24,9 @@ from gpuclaim.engine.cluster import ClusterView, GpuRow
 
 @dataclass(frozen=True)
 class ClaimRequest:
+    """What a claim asks for: ``count`` GPUs (on ``node``, or exactly ``exact``), for whom,
+    how long, and on what terms."""
+
     user: str
     count: int = 1  # with ``reservation``, 0: all of the booking's GPUs
     node: Optional[str] = None

@@ -19,6 +19,8 @@ from gpuclaim.engine.cluster import ClusterView
 
 @dataclass(frozen=True)
 class Reason:
+    """Why a queued job waits: its REASON code, and the words that go with it."""
+
     code: ReasonCode
     text: str
 

@@ -15,6 +15,8 @@ from gpuclaim.engine.job_records import observed_health
 
 @dataclass(frozen=True)
 class ServiceRow:
+    """One service as ``jobs`` and ``status`` show it."""
+
     job_id: str
     name: str
     user: str

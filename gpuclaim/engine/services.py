@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import GpuclaimError, NameInUseError
@@ -18,18 +18,20 @@ from gpuclaim.core.inventory import NodeInventory
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Event, EventType, Job, JobKind
 from gpuclaim.core.states import ACTIVE_JOB_STATES, SERVICE_DOWN, ServiceHealth, ended
-from gpuclaim.engine.claims import finish_lost_claim
 from gpuclaim.engine.cluster import ClusterView
-from gpuclaim.engine.job_records import load_jobs
-from gpuclaim.engine.launch import NodeOps, rank_spec
 from gpuclaim.store import ClaimStatus, Store
 from gpuclaim.store.files import JOB_START_GRACE_S
+
+if TYPE_CHECKING:  # every look imports this module: launch, claims, job records where used
+    from gpuclaim.engine.launch import NodeOps
 
 AUTO_PORT = 0  # serve --port auto: a free port of the node, chosen at submit
 
 
 def service_on(store: Store, node: str, port: int, other_than: str = "") -> Optional[Job]:
     """The live service that has ``port`` on ``node`` (running, or queued there)."""
+    from gpuclaim.engine.job_records import load_jobs  # here: only serve asks
+
     for j in load_jobs(store):
         if j.id == other_than or j.state not in ACTIVE_JOB_STATES or j.service is None:
             continue
@@ -77,6 +79,12 @@ class Revival:
 
     started: list[tuple[Job, str]] = field(default_factory=list)  # and why it was down
     failed: list[tuple[Job, str]] = field(default_factory=list)  # and why it could not start
+
+
+def services_down(view: ClusterView) -> bool:
+    """Whether the look found a service down: only then has ``revive_services`` work (and a
+    look needs the job operations it starts one with)."""
+    return any(status.reason == SERVICE_DOWN for status in view.snapshot.claims.values())
 
 
 def revive_services(config: Config, store: Store, view: ClusterView, ops: NodeOps) -> Revival:
@@ -129,6 +137,8 @@ def _start_again(
     cause: str,
 ) -> str:
     """Launch the service's wrapper again, counted as a restart; the error, or ""."""
+    from gpuclaim.engine.launch import rank_spec  # here: only a service to start again
+
     rank = next((r for r in job.ranks if r.claim_id == claim.id), None)
     if rank is None:
         return "its record names no rank for its claim"
@@ -160,6 +170,8 @@ def _start_again(
 def let_go(store: Store, status: ClaimStatus, job: Optional[Job]) -> None:
     """A service's claim with nothing left to keep up: recorded as lost, its GPUs free."""
     if job is not None and not ended(job.state):
+        from gpuclaim.engine.claims import finish_lost_claim  # here: only a claim to let go
+
         finish_lost_claim(store, status.claim)
         return
     for gpu_uuid in status.present:

@@ -310,11 +310,14 @@ def _first_contacts(args: list[str]) -> None:
         from pathlib import Path
 
         from gpuclaim.app.configfile import load_config
-        from gpuclaim.remote.early import start_first_contacts
 
         loaded = load_config(Path(config) if config else None, hand_over=True)
-        asked = _named_nodes(rest)
-        start_first_contacts(loaded, asked or [n.name for n in loaded.nodes])
+        names = _named_nodes(rest) or [n.name for n in loaded.nodes]
+        if not any(n.transport == "ssh" and n.name in names for n in loaded.nodes):
+            return  # only SSH nodes get one: spare a local cluster remote's imports (~10 ms)
+        from gpuclaim.remote.early import start_first_contacts
+
+        start_first_contacts(loaded, names)
     except Exception:  # only a head start: the command itself reports what is wrong
         pass
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +115,8 @@ class StoreBase:
                         f"lock {lock} is held for more than {LOCK_WAIT_S:.0f}s",
                         hint="if no gpuclaim is running, run 'gpuclaim gc'",
                     )
+                import random  # here: only a lock someone holds is waited for
+
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.05)
         finally:

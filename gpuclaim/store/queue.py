@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from gpuclaim.core.priority import entry_name
 from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import TAKEN_ENTRY_MAX_S, _pid_alive, _safe, _unlink_quiet, storage_error
 
@@ -13,6 +12,8 @@ class QueuePart(StoreBase):
     def enqueue(self, job_id: str, user: str = "", nice: int = 0, begin: float = 0.0) -> str:
         """Append a job to the queue. Its name says what ordering it needs (submission time
         on the storage clock, user, nice, begin), so a dispatch pass reads no record for it."""
+        from gpuclaim.core.priority import entry_name  # here: every look lists the queue only
+
         name = entry_name(self.now(), _safe(job_id), user, nice, begin) if user else ""
         name = name or f"{self.now():017.6f}-{_safe(job_id)}"
         self._publish(self._stage(b"{}\n"), self._p("queue", name))
