@@ -42,6 +42,9 @@ if [ -e "$a.pyz" ] || [ -e "$a" ]; then s=starting; fi
 p=; w=
 if [ -r "$a.where" ]; then {{ read -r p; read -r w; }} < "$a.where"; fi
 if [ -n "$w" ] && [ -S "$w" ] && kill -0 "$p"; then s=warm; fi
+if [ $s = missing ] && ! e=$(mkdir -p "$HOME/.cache/gpuclaim" 2>&1); then
+  s=cannot; echo "@cannot $e"
+fi
 echo "@agent $s"
 echo "@socket $w"
 echo @boot; read -r b < /proc/sys/kernel/random/boot_id; echo "$b"
@@ -88,11 +91,13 @@ _SMI_ON_PATH = (
 class ShellLook:
     """What a shell look found: the inventory as the agent's ``probe`` gives it (None: this
     node's GPUs need the Python agent), and the warm agent's state: ``warm`` (its socket in
-    ``socket``), ``starting`` (started by this look), ``missing`` (not installed)."""
+    ``socket``), ``starting`` (started by this look), ``missing`` (not installed),
+    ``cannot`` (not installable: ``cannot`` says why)."""
 
     agent: str
     socket: str
     inventory: Optional[dict[str, Any]]
+    cannot: str = ""  # why the agent cannot be installed (~/.cache/gpuclaim unusable)
 
 
 def look_command(version: str, idle_s: float, request: Mapping[str, Any]) -> str:
@@ -124,11 +129,12 @@ def parse_look(stdout: bytes, stderr: bytes, request: Mapping[str, Any]) -> Opti
     if sections is None:
         return None
     agent, socket = sections.pop("agent", ""), sections.pop("socket", "")
+    cannot = sections.pop("cannot", "").strip().splitlines()
     if "no-smi" in sections:
-        return ShellLook(agent, socket, None)
+        return ShellLook(agent, socket, None, cannot[-1] if cannot else "")
     node = str(request["node"])
     inventory = _inventory(node, sections, stderr.decode("utf-8", "replace"), request)
-    return ShellLook(agent, socket, inventory.to_dict())
+    return ShellLook(agent, socket, inventory.to_dict(), cannot[-1] if cannot else "")
 
 
 def _sections(text: str) -> Optional[dict[str, str]]:
@@ -138,7 +144,7 @@ def _sections(text: str) -> Optional[dict[str, str]]:
     current: Optional[list[str]] = None
     for line in text.split("\n"):
         name, _, value = line.partition(" ")
-        if name in ("@agent", "@socket", "@smi-exit"):
+        if name in ("@agent", "@socket", "@smi-exit", "@cannot"):
             found[name[1:]] = [value]
             current = None
         elif name in ("@boot", "@self", "@mounts", "@wrappers", "@smi", "@owners", "@no-smi"):

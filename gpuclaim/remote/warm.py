@@ -164,6 +164,11 @@ class WarmAgents:
         command = look_command(self.version, self.idle_s, request)
         result = self.pool.run(alias, command, None, timeout)
         look = parse_look(result.stdout, result.stderr, request)
+        if look is not None and look.cannot:
+            # as the agent's own install says it: jobs could not start there either
+            raise UnreachableError(
+                f"{alias}: cannot install the gpuclaim agent in ~/.cache/gpuclaim: {look.cannot}"
+            )
         if look is None or look.inventory is None:
             log.debug("%s: the shell look cannot answer: the agent's look", alias)
             return None
