@@ -408,7 +408,10 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     ((pid, argv),) = _wait_for_agents(testbed, 1)
     assert "serve-and" in argv  # the forked one, not one started by serve-ensure
     run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "run"
-    assert list(run_dir.glob("agent-*.sock"))
+    deadline = time.monotonic() + 10  # forked a moment ago: its socket comes next
+    while not list(run_dir.glob("agent-*.sock")):
+        assert time.monotonic() < deadline, "the agent never made its socket"
+        time.sleep(0.02)
     _wait_gone(pid)  # 2 s idle, and its accept loop wakes every second
     assert _agents(testbed) == []
     assert not list(run_dir.glob("agent-*.sock"))
