@@ -404,14 +404,15 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     """serve-and forks the one-shot agent into the warm one: that one, too, exits after
     agent_idle without a request, removes its socket and leaves no process behind."""
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh", agent_idle="2s")
-    c.json("status")
-    ((pid, argv),) = _wait_for_agents(testbed, 1)
-    assert "serve-and" in argv  # the forked one, not one started by serve-ensure
+    c.json("status")  # sh looks; the agent is installed behind it and forks into the warm one
     run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "run"
-    deadline = time.monotonic() + 10  # forked a moment ago: its socket comes next
+    deadline = time.monotonic() + 20
     while not list(run_dir.glob("agent-*.sock")):
         assert time.monotonic() < deadline, "the agent never made its socket"
         time.sleep(0.02)
+    time.sleep(0.2)  # the installing process exits once it has forked
+    ((pid, argv),) = _wait_for_agents(testbed, 1)
+    assert "serve-and" in argv  # the forked one, not one started by serve-ensure
     _wait_gone(pid)  # 2 s idle, and its accept loop wakes every second
     assert _agents(testbed) == []
     assert not list(run_dir.glob("agent-*.sock"))
