@@ -135,9 +135,11 @@ def bench_n(
             """Every node's agents gone and its gpuclaim cache removed; no masters."""
             for node in tb.nodes:
                 subprocess.run(["ssh", *ctl, "-O", "exit", node], capture_output=True)
+                # every agent (serve, serve-detached, an install's serve-and); [s]: not
+                # this command's own shell
                 kill = (
-                    "pkill -f 'gpuclaim/agent-[0-9a-f.-]*(/__main__.py)? serve';"
-                    ' rm -rf "$HOME/.cache/gpuclaim"'
+                    'rm -rf "$HOME/.cache/gpuclaim";'
+                    " pkill -f 'gpuclaim/agent-[0-9a-f.-]*.* [s]erve'"
                 )
                 subprocess.run(["ssh", "-F", str(cfg), node, kill], capture_output=True)
             shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)

@@ -6,6 +6,7 @@ same words, the job wrappers alive; and report the warm agent's state from its w
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,6 +85,30 @@ def test_the_shell_look_says_what_the_agent_says(tmp_path: Path) -> None:
     finally:
         wrapper.kill()
         wrapper.wait()
+
+
+def test_only_wrappers_are_read_not_other_looks(tmp_path: Path) -> None:
+    """Every look's script (and the shell running it) names the wrappers' spec file: a look
+    that found them would read each one's command line and stat (processes on the node) only
+    for the laptop to throw them away. A wrapper is read; a look running meanwhile, and the
+    look itself, are not."""
+    smi = _fake_smi(tmp_path, f"cat {_xml_with_our_pid(tmp_path)}")
+    request = _request([str(smi)])
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "gpuclaim", "wrap"]
+    wrapper = subprocess.Popen([*argv, str(tmp_path / "job" / "spec.json")])
+    # another look, stopped in its tracks: its command line holds the whole script
+    other = subprocess.Popen(["sh", "-c", "sleep 60; exit 0", look_command(VERSION, 600, request)])
+    try:
+        time.sleep(0.1)
+        look, proc = _shell_look(tmp_path, request)
+        assert look is not None and look.inventory is not None
+        listed = [line[3:] for line in proc.stdout.decode().splitlines() if line.startswith("@w ")]
+        assert listed == [str(wrapper.pid)]
+        assert look.inventory["liveness"]["wrappers"] == [[wrapper.pid, process_start(wrapper.pid)]]
+    finally:
+        for child in (wrapper, other):
+            child.kill()
+            child.wait()
 
 
 @pytest.mark.parametrize(
@@ -188,3 +213,32 @@ def test_a_warm_agent_killed_with_sigterm_removes_its_where_file(tmp_path: Path)
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=10) == 0
     assert not where.exists() and not Path(path).exists()
+
+
+def test_a_warm_agent_says_where_it_is_again_after_its_cache_is_removed(tmp_path: Path) -> None:
+    """`rm -rf ~/.cache/gpuclaim` under a running agent (a reset, a clean-up): it says where
+    it listens again within a second or two, so looks find it warm instead of starting, on
+    every look until it idles out, an agent that finds it running and exits."""
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim.node.main", "serve", VERSION, "600"], env=env
+    )
+    cache = tmp_path / ".cache" / "gpuclaim"
+    where = cache / f"agent-{VERSION}.where"
+    try:
+        deadline = time.monotonic() + 15
+        while not where.exists():
+            assert time.monotonic() < deadline, "the agent never said where it listens"
+            time.sleep(0.05)
+        said = where.read_text()
+        shutil.rmtree(cache)
+        deadline = time.monotonic() + 5
+        while not where.exists():
+            assert time.monotonic() < deadline, "the agent did not say where it is again"
+            time.sleep(0.05)
+        assert where.read_text() == said
+        assert said.split("\n")[0] == str(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0

@@ -99,6 +99,10 @@ class Server:
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
+                    # ~/.cache/gpuclaim removed under us (a clean-up, a reset): said again,
+                    # or every look would start an agent that finds this one and exits
+                    if where is None or not where.exists():
+                        where = _say_where(self.version, self.path)
                     continue
                 threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
         finally:

@@ -12,11 +12,12 @@ import contextlib
 import logging
 import os
 import selectors
+import shlex
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Optional
 
@@ -133,18 +134,25 @@ class OpenSshPool:
         watch.raise_if_fired()
         return self._result(alias, proc.returncode, head + stdout, stderr)
 
-    def start_detached(self, alias: str, command: str, stdin_path: Path) -> subprocess.Popen[bytes]:
-        """Start ``command`` with the file ``stdin_path`` as its input and nothing read back,
-        in a session of its own: it goes on after this process exits (an agent's install
-        after the look that found it missing)."""
-        with open(stdin_path, "rb") as stdin:
-            return subprocess.Popen(
-                [*self.base, "--", alias, command],
-                stdin=stdin,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+    def start_detached(
+        self, aliases: Sequence[str], command: str, stdin_path: Path
+    ) -> subprocess.Popen[bytes]:
+        """Start ``command`` on each of ``aliases``, with the file ``stdin_path`` as its input
+        and nothing read back, in a session of its own that goes on after this process exits
+        (agents' installs after the looks that found them missing). One ``sh`` starts them
+        all and waits for them: one spawn from this process, however many nodes, so a
+        command that ends with them does not wait on sixteen of its own."""
+        script = (
+            "c=$1; i=$2; shift 2; for h; do "
+            f'{shlex.join(self.base)} -- "$h" "$c" <"$i" & done; wait'
+        )
+        return subprocess.Popen(
+            ["sh", "-c", script, "sh", command, str(stdin_path), *aliases],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def master_alive(self, alias: str) -> bool:
         """Whether a master to ``alias`` runs (a local request, a few ms)."""

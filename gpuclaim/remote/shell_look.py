@@ -52,10 +52,12 @@ echo @self; read -r b < /proc/$$/stat; echo "$b"
 echo @mounts
 while read -r b; do case $b in *' - proc '*) echo "$b";; esac; done < /proc/self/mountinfo
 echo @wrappers
-for f in $(grep -l -a -F /spec.json /proc/[0-9]*/cmdline 2>/dev/null); do
+# [.]: the pattern is not in its own text, so this script, its grep and other looks'
+# scripts (all with it in their command lines) are not found: only wrappers pay a `tr`
+for f in $(grep -l -a -e '/spec[.]json' /proc/[0-9]*/cmdline 2>/dev/null); do
   d=${{f%/cmdline}}; echo "@w ${{d#/proc/}}"
   printf 'c '; tr '\000\n' '\037\036' < "$f"; echo
-  printf 's '; cat "$d/stat" || echo
+  b=; read -r b < "$d/stat"; echo "s $b"
 done
 {smi}
 t=; if command -v timeout >/dev/null 2>&1; then t="timeout -k 2 {timeout}"; fi

@@ -52,10 +52,15 @@ _INSTALLS_GUARD = threading.Lock()
 
 def _start_installs() -> None:
     with _INSTALLS_GUARD:
-        for alias, (pool, command, stdin) in list(_PENDING.items()):
-            del _PENDING[alias]
+        # one spawn per (pool, command, input): in practice one for all the nodes
+        groups: dict[tuple[OpenSshPool, str, Path], list[str]] = {}
+        for alias, job in _PENDING.items():
+            groups.setdefault(job, []).append(alias)
+        _PENDING.clear()
+        for (pool, command, stdin), aliases in groups.items():
             with contextlib.suppress(OSError):
-                _INSTALLING[alias] = pool.start_detached(alias, command, stdin)
+                started = pool.start_detached(aliases, command, stdin)
+                _INSTALLING.update(dict.fromkeys(aliases, started))
 
 
 def first_contact_arguments(version: str, idle_s: float) -> str:
