@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuclaim.entry.main import main
+from gpuclaim.entry.main import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -126,6 +126,21 @@ class CliDriver:
             cwd=cwd or self.home,
         )
 
+    def python(
+        self, code: str, *args: str, user: str = "alice"
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -c CODE ARGS`` as this driver's user would run gpuclaim (a probe of what a
+        call imports, the CLI with a part switched off)."""
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=self.env(user),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            cwd=self.home,
+        )
+
     def ok(self, *args: str, user: str = "alice") -> str:
         proc = self.cli(*args, user=user)
         assert proc.returncode == 0, (

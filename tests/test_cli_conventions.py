@@ -414,11 +414,12 @@ def test_a_call_loads_only_its_command_and_means_the_same(cluster: Any) -> None:
     assert entry.app_for(["--config", "x.toml", "status", "--json"]) is build_app("status")
     assert entry.app_for(["--help"]) is build_app()
     assert entry.app_for(["statsu"]) is build_app()
-    # what one call imports: nothing of the other commands, and no rich in a pipe
+    # what one call imports: nothing of the other commands, and no rich in a pipe; a look
+    # (entry.fast) not even typer
     probe = (
         "import sys, runpy; sys.argv = ['gpuclaim', 'status', '--json'];"
         " from gpuclaim.entry.main import main; main();"
-        " print([m for m in sys.modules if m.startswith(('gpuclaim.cli.', 'rich'))],"
+        " print([m for m in sys.modules if m.startswith(('gpuclaim.cli.', 'rich', 'typer'))],"
         " file=sys.stderr)"
     )
     done = subprocess.run(
@@ -426,9 +427,9 @@ def test_a_call_loads_only_its_command_and_means_the_same(cluster: Any) -> None:
     )
     assert done.returncode == 0, done.stderr
     loaded = set(eval(done.stderr.strip().splitlines()[-1]))
-    assert "gpuclaim.cli.status" in loaded
+    assert "gpuclaim.cli.status_show" in loaded
     assert not loaded & {"gpuclaim.cli.jobs", "gpuclaim.cli.admin", "gpuclaim.cli.claim"}
-    assert not {m for m in loaded if m.startswith("rich")}
+    assert not {m for m in loaded if m.startswith(("rich", "typer"))}
     # and a typo still lists every command
     typo = run(cluster, "statsu")
     assert typo.returncode == 2 and "No such command 'statsu'" in typo.stderr

@@ -6,8 +6,6 @@ that starts at once and copies nothing imports no queue pass and no .gitignore p
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 PROBE = (
@@ -20,14 +18,7 @@ PROBE = (
 
 
 def _modules(cluster: Any, *args: str) -> set[str]:
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
-        env=cluster.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = cluster.python(PROBE, *args)
     assert proc.returncode == 0, proc.stderr
     return set(proc.stderr.rsplit("MODULES ", 1)[1].split())
 

@@ -6,11 +6,13 @@ answered by ``main()`` before typer or any command is imported, in a few millise
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
+import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 if TYPE_CHECKING:
     import typer
@@ -204,6 +206,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The program (``gpuclaim``, ``python -m gpuclaim``): ``main()``, then out without
+    tearing the interpreter down. Freeing every module and object costs a command ~30 ms
+    after its last word, and nothing needs it: exit handlers still run, output is flushed.
+    A thread still at work (none of gpuclaim's: its workers are daemons) gets the normal
+    exit, which waits for it."""
+    code = main()
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if any(t.is_alive() and not t.daemon for t in others):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, a closed stream: nothing to keep
+            pass
+    os._exit(code)
+
+
 def _main(argv: Optional[list[str]]) -> int:
     instruction = os.environ.get(COMPLETE_VAR)
     if instruction:
@@ -217,8 +238,14 @@ def _main(argv: Optional[list[str]]) -> int:
     debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
     _quiet_libraries(debug)
     _first_contacts(ours)
+    from gpuclaim.entry.fast import fast_command
+
+    fast = fast_command(args)  # `status` without typer's start; None: the typer app
     try:
-        result = app_for(args)(args=args, prog_name="gpuclaim", standalone_mode=False)
+        if fast is not None:
+            result = fast()
+        else:
+            result = app_for(args)(args=args, prog_name="gpuclaim", standalone_mode=False)
     except GpuclaimError as exc:
         return _fail(exc.exit_code, str(exc), debug)
     except KeyboardInterrupt:
@@ -392,4 +419,4 @@ def _flush_stdout() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -1,0 +1,132 @@
+"""The state of one command: the config, the store, the prober, loaded when first used.
+
+No typer here: ``entry.fast`` answers ``status`` with it, without typer's start."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from gpuclaim.cli.console import err
+from gpuclaim.core.identity import current_user
+
+if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
+    from gpuclaim.core.config import Config
+    from gpuclaim.engine.cluster import NodeProber
+    from gpuclaim.engine.dispatch import QueueReport
+    from gpuclaim.engine.launch import NodeOps
+    from gpuclaim.store import Store
+
+
+@dataclass
+class AppState:
+    """Set by the top-level callback from the global options; loaded lazily."""
+
+    config_path: Optional[Path] = None
+    looking: bool = False  # a command that only looks: storage refusing writes is no error
+    _refusal_said: bool = field(default=False, repr=False)
+    _config: Optional[Config] = field(default=None, repr=False)
+    _store: Optional[Store] = field(default=None, repr=False)
+    _prober: Optional[NodeProber] = field(default=None, repr=False)
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            from gpuclaim.app.configfile import load_config
+
+            self._config = load_config(self.config_path)
+            for warning in self._config.warnings:
+                err().print(f"warning: {warning}")
+        return self._config
+
+    def finish(self) -> None:
+        """After every command: post pending Slack messages, bounded by the short timeout.
+        A look at storage that refuses writes says so (once), even if it needed no write."""
+        refusal = getattr(self._store, "refusal", None)
+        if self.looking and refusal is not None:
+            self.refused(refusal)
+        if self._config is None or self._store is None or not self._config.slack.webhook_url:
+            return
+        from gpuclaim.core.errors import GpuclaimError
+
+        try:
+            from gpuclaim.engine.notify import deliver
+
+            deliver(self.config, self._store, budget_s=self._config.slack.timeout_s)
+        except GpuclaimError:
+            pass  # delivery never fails a command; the next one tries again
+
+    @property
+    def user(self) -> str:
+        return current_user(self.config.user)
+
+    @property
+    def prober(self) -> NodeProber:
+        """One per process: it holds the SSH connections, reused by every command step."""
+        if self._prober is None:
+            from gpuclaim.app.wiring import make_prober
+
+            self._prober = make_prober(self.config)
+        return self._prober
+
+    @property
+    def ops(self) -> NodeOps:
+        from gpuclaim.engine.launch import NodeOps
+
+        return NodeOps(self.config, self.prober)
+
+    def dispatch_quietly(self, every: bool = False) -> Optional[QueueReport]:
+        """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon.
+        With ``every``, each queued job is judged (why it waits), for a listing."""
+        from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
+
+        try:
+            entries = self.store.queue_entries()
+        except GpuclaimError:
+            return None  # the command itself reports a broken config or storage
+        if not entries:
+            return None
+        from gpuclaim.engine.dispatch import judge_queue  # here: an empty queue needs none of it
+
+        try:
+            return judge_queue(self.config, self.store, self.prober, self.ops, every=every)
+        except StorageRefusesWrites as exc:
+            self.refused(exc)
+        except GpuclaimError as exc:
+            err().print(f"warning: could not start queued jobs: {exc}")
+        return None
+
+    def refused(self, exc: object) -> None:
+        """Say once per command that the storage refuses writes, and what that means here."""
+        if not self._refusal_said:
+            self._refusal_said = True
+            err().print(f"warning: {exc}; showing what it holds, nothing was recorded")
+
+    @contextlib.contextmanager
+    def side_work(self) -> Iterator[None]:
+        """Work a look does on the way (notices, cursors, samples): best effort when the
+        storage refuses writes, said once."""
+        from gpuclaim.core.errors import StorageRefusesWrites
+
+        try:
+            yield
+        except StorageRefusesWrites as exc:
+            self.refused(exc)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from gpuclaim.app.wiring import open_store
+
+            store = open_store(self.config, self.prober)
+            create = self.config.storage_default  # only this machine's own default store
+            if self.looking:
+                with self.side_work():  # a layout it cannot make: read what is there
+                    store.ensure(create=create)
+            else:
+                store.ensure(create=create)
+            self._store = store
+        return self._store
