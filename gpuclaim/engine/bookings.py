@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import uuid as uuidlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -49,7 +48,9 @@ class BookingRequest:
 
 
 def new_booking_id() -> str:
-    return "r-" + uuidlib.uuid4().hex[:8]
+    import uuid  # here: a look that books nothing spares its import
+
+    return "r-" + uuid.uuid4().hex[:8]
 
 
 def booking_event(

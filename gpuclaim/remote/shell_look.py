@@ -27,7 +27,6 @@ from gpuclaim.core.inventory import NodeInventory
 from gpuclaim.core.liveness import start_in_stat
 from gpuclaim.node.home import BOOT
 from gpuclaim.node.liveness import is_wrapper_argv, processes_hidden_in
-from gpuclaim.node.probe.smi import check_smi_exit, inventory_from_xml
 
 HEADER = "@gpuclaim-look 1"
 TIMED_OUT = (124, 137)  # timeout(1): the time ran out; 137: it had to kill after -k
@@ -171,6 +170,9 @@ def _inventory(
 def _gpus(
     node: str, sections: dict[str, str], stderr: str, request: Mapping[str, Any]
 ) -> NodeInventory:
+    # here: the XML parser is for nodes with no warm agent, not every look's start
+    from gpuclaim.node.probe.smi import check_smi_exit, inventory_from_xml
+
     stdout = sections.get("smi", "")
     try:
         code = int(sections.get("smi-exit", ""))
