@@ -242,3 +242,33 @@ def test_a_warm_agent_says_where_it_is_again_after_its_cache_is_removed(tmp_path
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=10) == 0
+
+
+def test_a_warm_agent_whose_files_are_removed_quits(tmp_path: Path) -> None:
+    """The cache removed with the agent's own code in it (an installed agent): it quits,
+    socket and all, so the next look installs afresh instead of finding it warm, unable to
+    start a wrapper from files that are gone."""
+    code = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}"
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "gpuclaim", code / "gpuclaim", ignore=shutil.ignore_patterns("*.pyc"))
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = str(code)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim.node.main", "serve", VERSION, "600"],
+        env=env,
+        cwd=str(tmp_path),
+    )
+    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}.where"
+    try:
+        deadline = time.monotonic() + 15
+        while not where.exists():
+            assert time.monotonic() < deadline, "the agent never said where it listens"
+            time.sleep(0.05)
+        sock = Path(where.read_text().split("\n")[1])
+        shutil.rmtree(tmp_path / ".cache" / "gpuclaim")
+        assert server.wait(timeout=10) == 0
+        assert not sock.exists() and not where.exists()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

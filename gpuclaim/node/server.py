@@ -94,14 +94,19 @@ class Server:
         listener.settimeout(1.0)
         inode = self.path.stat().st_ino
         where = _say_where(self.version, self.path)
+        code = _code_root()
         try:
             while not self.stopping.is_set() and not self._idle_too_long():
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
-                    # ~/.cache/gpuclaim removed under us (a clean-up, a reset): said again,
-                    # or every look would start an agent that finds this one and exits
                     if where is None or not where.exists():
+                        # ~/.cache/gpuclaim removed under us (a clean-up, a reset). Our
+                        # files with it: quit, or the wrappers we start could not run; the
+                        # next look installs afresh. Else say where we are again, or every
+                        # look would start an agent that finds this one and exits.
+                        if not code.exists():
+                            break
                         where = _say_where(self.version, self.path)
                     continue
                 threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -172,6 +177,14 @@ def _say_where(version: str, path: Path) -> Optional[Path]:
             tmp.unlink()
         return None
     return target
+
+
+def _code_root() -> Path:
+    """Where this agent's code is: its directory or ``.pyz`` under ~/.cache/gpuclaim (a
+    checkout, for a server started from one)."""
+    import gpuclaim
+
+    return Path(gpuclaim.__file__).parents[1]
 
 
 def _unsay_where(target: Optional[Path]) -> None:
