@@ -9,7 +9,8 @@ background once it is half that age, so the next look finds a fresh one. A reque
 accepts none, or finds none young enough, waits for a read of its own, as before.
 
 An answer from an earlier read is still a true answer for the moment it was read: its
-``liveness.checked_from`` is that moment, so a job started since is never taken for lost.
+``liveness.checked_from`` is that read's start, so a job started since is never taken for
+lost. How old a read is counts from its end, when nvidia-smi answered.
 
 Standard library only, Python 3.9 (node side).
 """
@@ -48,13 +49,16 @@ class RecentReads:
         return self._read_now(key, request)
 
     def _read_now(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
-        began = time.monotonic()
         answer = self._read(request)
+        # its age counts from its answer: what nvidia-smi reports is read at its end (on a
+        # node without persistence mode the 2 s before go to starting the driver), so a
+        # read that takes longer than the age allowed can still be reused
+        ended = time.monotonic()
         if "result" in answer:  # an error is never reused: the next look tries again
             with self._lock:
                 last = self._last.get(key)
-                if last is None or last[0] < began:
-                    self._last[key] = (began, answer)
+                if last is None or last[0] < ended:
+                    self._last[key] = (ended, answer)
         return answer
 
     def _refresh(self, key: str, request: dict[str, Any]) -> None:

@@ -101,3 +101,22 @@ def test_reads_are_kept_per_request_and_errors_are_not_kept(clock: Clock) -> Non
     assert "error" in reads.answer(_probe(node="n1"))
     reader.fail = False
     assert reads.answer(_probe(node="n1"))["result"]["read"] == 4  # read again, not the error
+
+
+def test_a_slow_reads_age_counts_from_its_answer(clock: Clock) -> None:
+    """A node without persistence mode: nvidia-smi takes 2 s, the age allowed is 1 s. Its
+    answer is fresh when it comes (the GPUs are read at its end), not 2 s old already."""
+
+    class SlowReader(Reader):
+        def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+            clock.now += 2.0
+            return super().__call__(request)
+
+    reader = SlowReader()
+    reads = RecentReads(reader)
+    assert reads.answer(_probe())["result"]["read"] == 1
+    clock.now += 0.3
+    assert reads.answer(_probe())["result"]["read"] == 1
+    assert reader.reads == 1
+    clock.now += 1.0  # 1.3 s since its answer: too old, read again
+    assert reads.answer(_probe())["result"]["read"] == 2
