@@ -306,7 +306,15 @@ def test_agent_is_sent_once_and_cached_by_version(testbed, make_remote, client):
     c = make_remote(testbed, ssh_client=client)
     c.ok("status")
     cache = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim"
-    cached = [*cache.glob("agent-*.pyz"), *cache.glob("agent-*/__main__.py")]
+
+    def sent() -> list[Path]:
+        return [*cache.glob("agent-*.pyz"), *cache.glob("agent-*/__main__.py")]
+
+    # the ssh binary's first look needs no agent: it is sent behind the command, after it
+    deadline = time.monotonic() + 30
+    while not sent() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cached = sent()
     assert len(cached) == 1
     if _node_python_tag(testbed) == sys.implementation.cache_tag:
         # the node's python3 is the CLI's: the agent is the one zip file, its bytecode used

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,11 @@ def _check_cold_then_warm(c: Any, env: dict[str, str], what: str) -> None:
         _assert_private_socket(socket_path)
         for forwarded in (socket_path.parent / "w").glob("w-*.sock"):
             _assert_private_socket(forwarded)
+    # the first look needs no agent: each is installed behind it, after the command
+    deadline = time.monotonic() + 30
+    while len(_node_agent_sockets(c.testbed)) < len(c.nodes):
+        assert time.monotonic() < deadline, (what, _node_agent_sockets(c.testbed))
+        time.sleep(0.05)
     warm = _look(c, env)
     assert warm.returncode == 0, f"{what}: {warm.stderr}"
     # the warm agents answer: their sockets on the node fit, and so do the forwarded ones

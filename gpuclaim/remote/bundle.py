@@ -23,6 +23,7 @@ import marshal
 import os
 import re
 import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -91,6 +92,9 @@ def agent_modules(entry: str = ENTRY) -> tuple[str, ...]:
 
 
 _MAIN = f"import sys\nfrom {ENTRY} import main\nsys.exit(main())\n".encode()
+
+# Made once per version in the data dir; the fan-out's threads ask for them at once
+_MAKING = threading.RLock()
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
@@ -126,9 +130,7 @@ def agent_version() -> str:
     version = _hashed_version()
     with contextlib.suppress(OSError):  # a cache: a read-only home only makes it slower
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"stamp": stamp, "version": version}), "utf-8")
-        tmp.replace(memo)
+        _write_whole(memo, json.dumps({"stamp": stamp, "version": version}).encode())
     return version
 
 
@@ -194,14 +196,15 @@ def agent_bundle() -> tuple[str, bytes]:
         return version, cached.read_bytes()
     except OSError:
         pass
-    blob = _build_bundle()
-    with contextlib.suppress(OSError):  # a cache: a read-only home only makes it slower
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        for old in cached.parent.glob("agent-*.zip"):
-            old.unlink()
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-        tmp.write_bytes(blob)
-        tmp.replace(cached)
+    with _MAKING:  # the fan-out's threads: one builds, the others read what it wrote
+        with contextlib.suppress(OSError):
+            return version, cached.read_bytes()
+        blob = _build_bundle()
+        with contextlib.suppress(OSError):  # a cache: a read-only home only makes it slower
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            for old in cached.parent.glob("agent-*.zip"):
+                old.unlink(missing_ok=True)
+            _write_whole(cached, blob)
     return version, blob
 
 
@@ -212,17 +215,28 @@ def install_input(request: bytes) -> Path:
     version, blob = agent_bundle()
     digest = hashlib.sha1(request).hexdigest()[:8]
     path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
-    if not path.exists():
-        from gpuclaim.remote import install
+    with _MAKING:  # every node's look that found no agent asks at once, from its thread
+        if not path.exists():
+            from gpuclaim.remote import install
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob("agent-*.install"):
-            if not old.name.startswith(f"agent-{version}."):
-                old.unlink()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(request.rstrip(b"\n") + b"\n" + install.install_stdin(blob))
-        tmp.replace(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for old in path.parent.glob("agent-*.install"):
+                if not old.name.startswith(f"agent-{version}."):
+                    old.unlink(missing_ok=True)
+            _write_whole(path, request.rstrip(b"\n") + b"\n" + install.install_stdin(blob))
     return path
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held: written beside it and renamed, under a name
+    of this process and thread (another command, or another thread of this one, may be
+    writing the same file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _build_bundle() -> bytes:

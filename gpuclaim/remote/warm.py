@@ -61,6 +61,7 @@ def _start_installs() -> None:
             with contextlib.suppress(OSError):
                 started = pool.start_detached(aliases, command, stdin)
                 _INSTALLING.update(dict.fromkeys(aliases, started))
+                log.debug("installing the agent in the background on %s", ", ".join(aliases))
 
 
 def first_contact_arguments(version: str, idle_s: float) -> str:
