@@ -6,7 +6,8 @@ the board and ``metrics`` ask the same node several times a second between them.
 request says how old an answer it accepts (``defaults.gpu_read_max_age``, 1 s); the warm
 agent answers from its last read while that is young enough, and reads again in the
 background once it is half that age, so the next look finds a fresh one. A request that
-accepts none, or finds none young enough, waits for a read of its own, as before.
+accepts none, or finds none young enough, waits for a read of its own, as before; or,
+if one begun within the age it allows is still running, for that one's answer.
 
 An answer from an earlier read is still a true answer for the moment it was read: its
 ``liveness.checked_from`` is that read's start, so a job started since is never taken for
@@ -23,7 +24,7 @@ import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: a node's first look need not import typing
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Optional
 
 
 class RecentReads:
@@ -34,6 +35,7 @@ class RecentReads:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, dict[str, Any]]] = {}
         self._refreshing: set[str] = set()
+        self._reading: dict[str, _Read] = {}  # the newest read in flight, by key
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         max_age = float(request.get("max_age_s") or 0)
@@ -46,10 +48,27 @@ class RecentReads:
                     self._refreshing.add(key)
                     threading.Thread(target=self._refresh, args=(key, request), daemon=True).start()
                 return last[1]
+            flight = self._reading.get(key)
+        if max_age > 0 and flight is not None and now - flight.began <= max_age:
+            # a read begun since the age allowed: its answer will do, sooner than a read of
+            # our own (a node whose nvidia-smi takes seconds, several people looking)
+            shared = flight.wait(float(request.get("timeout") or 30))
+            if shared is not None and "result" in shared:
+                return shared
         return self._read_now(key, request)
 
     def _read_now(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
-        answer = self._read(request)
+        flight = _Read(time.monotonic())
+        with self._lock:
+            self._reading[key] = flight
+        answer: Optional[dict[str, Any]] = None
+        try:
+            answer = self._read(request)
+        finally:
+            with self._lock:
+                if self._reading.get(key) is flight:
+                    del self._reading[key]
+            flight.done(answer)  # None: it failed; who shared it reads for themselves
         # its age counts from its answer: what nvidia-smi reports is read at its end (on a
         # node without persistence mode the 2 s before go to starting the driver), so a
         # read that takes longer than the age allowed can still be reused
@@ -67,6 +86,23 @@ class RecentReads:
         finally:
             with self._lock:
                 self._refreshing.discard(key)
+
+
+class _Read:
+    """A read in flight, for looks that may share its answer."""
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self._done = threading.Event()
+        self._answer: Optional[dict[str, Any]] = None
+
+    def done(self, answer: Optional[dict[str, Any]]) -> None:
+        self._answer = answer
+        self._done.set()
+
+    def wait(self, timeout: float) -> Optional[dict[str, Any]]:
+        """Its answer; None if it did not come within ``timeout`` (a read that hangs)."""
+        return self._answer if self._done.wait(timeout) else None
 
 
 def _key(request: dict[str, Any]) -> str:

@@ -120,3 +120,58 @@ def test_a_slow_reads_age_counts_from_its_answer(clock: Clock) -> None:
     assert reader.reads == 1
     clock.now += 1.0  # 1.3 s since its answer: too old, read again
     assert reads.answer(_probe())["result"]["read"] == 2
+
+
+class GatedReader(Reader):
+    """A read that lasts until the test lets it end (nvidia-smi taking seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.started.release()
+        assert self.gate.wait(5)
+        return super().__call__(request)
+
+
+def test_a_look_shares_a_read_in_flight_and_a_decision_does_not(clock: Clock) -> None:
+    reader = GatedReader()
+    reads = RecentReads(reader)
+    answers: dict[str, Any] = {}
+
+    def look(name: str, max_age: float) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.update({name: reads.answer(_probe(max_age))}))
+        t.start()
+        return t
+
+    first = look("first", 1.0)
+    assert reader.started.acquire(timeout=5)  # the first look's read has begun
+    clock.now += 0.3
+    sharer = look("sharer", 1.0)  # that read begun 0.3 s ago: young enough to wait for
+    decision = look("decision", 0)  # a decision reads for itself
+    assert reader.started.acquire(timeout=5)
+    assert not reader.started.acquire(timeout=0.2)  # two reads, not three
+    reader.gate.set()
+    for t in (first, sharer, decision):
+        t.join(5)
+    assert reader.reads == 2
+    assert answers["sharer"] is answers["first"]  # the first look's own answer
+    assert answers["decision"] is not answers["first"]
+
+
+def test_a_read_in_flight_too_old_is_not_waited_for(clock: Clock) -> None:
+    reader = GatedReader()
+    reads = RecentReads(reader)
+    first = threading.Thread(target=lambda: reads.answer(_probe(1.0)))
+    first.start()
+    assert reader.started.acquire(timeout=5)
+    clock.now += 1.5  # begun before the age this look allows: it reads for itself
+    late = threading.Thread(target=lambda: reads.answer(_probe(1.0)))
+    late.start()
+    assert reader.started.acquire(timeout=5)
+    reader.gate.set()
+    first.join(5)
+    late.join(5)
+    assert reader.reads == 2

@@ -21,6 +21,7 @@ NOT_A_STATE: dict[tuple[str, str], str] = {
     ("gpuclaim/core/protocol.py", "timeout"): "the probe request's field: seconds it may take",
     ("gpuclaim/remote/shell_look.py", "timeout"): "the probe request's field, read for sh",
     ("gpuclaim/node/agent.py", "timeout"): "the probe request's field, read on the node",
+    ("gpuclaim/node/recent_reads.py", "timeout"): "the probe request's field: how long to share",
 }
 
 
