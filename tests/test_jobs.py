@@ -242,6 +242,20 @@ def test_release_never_frees_the_gpus_under_a_running_job(jobs_cluster):
     assert c.json("claim", "--gpu", f"node01:{gpu}", user="bob")["user"] == "bob"
 
 
+def test_a_look_just_after_a_kill_shows_its_gpus_free(testbed, make_remote):
+    """The warm agent answers looks from a recent GPU read (here up to 30 s old): the look
+    before the kill leaves one that shows the job's process on its GPUs. The look after
+    must not reuse it, or the GPUs would show busy with no claim (the claim is gone)."""
+    c = make_remote(testbed, kill_grace="2s", heartbeat="1s", gpu_read_max_age="30s")
+    c.ok("run", "-n", "2", "--node", "node02", "--name", "held", "--", "sleep", "300")
+    _wait_state(c, "held", {"running"})
+    before = [r for r in c.status() if r["node"] == "node02"]
+    assert sorted(r["state"] for r in before) == ["claimed", "claimed", "free", "free"], before
+    assert c.json("kill", "held")["state"] == "killed"
+    after = [r for r in c.status() if r["node"] == "node02"]
+    assert all(r["state"] == "free" for r in after), after
+
+
 def test_kill_running_and_queued_jobs(jobs_cluster):
     c = jobs_cluster
     c.ok("run", "-n", "4", "--node", "node01", "--name", "long", "--", "sleep", "300")
@@ -251,7 +265,8 @@ def test_kill_running_and_queued_jobs(jobs_cluster):
     assert c.json("kill", "later")["state"] == "killed"
     killed = c.json("kill", "long")
     assert killed["state"] == "killed"
-    assert all(r["state"] == "free" for r in c.status() if r["node"] == "node01")
+    after = [r for r in c.status() if r["node"] == "node01"]
+    assert all(r["state"] == "free" for r in after), after
     assert "long" not in _tmux_sessions(c, "node01")
     # bob cannot kill alice's job
     c.ok("run", "--name", "mine", "--", "sleep", "60")

@@ -11,7 +11,10 @@ if one begun within the age it allows is still running, for that one's answer.
 
 An answer from an earlier read is still a true answer for the moment it was read: its
 ``liveness.checked_from`` is that read's start, so a job started since is never taken for
-lost. How old a read is counts from its end, when nvidia-smi answered.
+lost. But one that shows a process that has ended since (a GPU's compute app, a job's
+wrapper) is not reused: a job killed a moment ago would otherwise show its GPUs busy with
+no claim, its claim released already. How old a read is counts from its end, when
+nvidia-smi answered.
 
 Standard library only, Python 3.9 (node side).
 """
@@ -19,6 +22,7 @@ Standard library only, Python 3.9 (node side).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -30,8 +34,13 @@ if TYPE_CHECKING:
 class RecentReads:
     """``answer(request)``: the probe's answer, from a read no older than the request allows."""
 
-    def __init__(self, read: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[dict[str, Any]], dict[str, Any]],
+        still_true: Optional[Callable[[dict[str, Any]], bool]] = None,
+    ) -> None:
         self._read = read  # the agent's own handling of a probe request
+        self._still_true = still_true or processes_alive
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, dict[str, Any]]] = {}
         self._refreshing: set[str] = set()
@@ -43,7 +52,8 @@ class RecentReads:
         now = time.monotonic()
         with self._lock:
             last = self._last.get(key)
-            if max_age > 0 and last is not None and now - last[0] <= max_age:
+            young = max_age > 0 and last is not None and now - last[0] <= max_age
+            if young and last is not None and self._still_true(last[1]):
                 if now - last[0] > max_age / 2 and key not in self._refreshing:
                     self._refreshing.add(key)
                     threading.Thread(target=self._refresh, args=(key, request), daemon=True).start()
@@ -53,7 +63,7 @@ class RecentReads:
             # a read begun since the age allowed: its answer will do, sooner than a read of
             # our own (a node whose nvidia-smi takes seconds, several people looking)
             shared = flight.wait(float(request.get("timeout") or 30))
-            if shared is not None and "result" in shared:
+            if shared is not None and "result" in shared and self._still_true(shared):
                 return shared
         return self._read_now(key, request)
 
@@ -103,6 +113,24 @@ class _Read:
     def wait(self, timeout: float) -> Optional[dict[str, Any]]:
         """Its answer; None if it did not come within ``timeout`` (a read that hangs)."""
         return self._answer if self._done.wait(timeout) else None
+
+
+def processes_alive(answer: dict[str, Any]) -> bool:
+    """Whether every process a probe's answer shows still runs: its GPUs' compute apps and
+    its jobs' wrappers. One signal 0 each (EPERM: another user's, alive)."""
+    result = answer.get("result") or {}
+    pids = [p.get("pid") for g in result.get("gpus") or () for p in g.get("processes") or ()]
+    pids += [w[0] for w in (result.get("liveness") or {}).get("wrappers") or ()]
+    for pid in pids:
+        try:
+            if int(pid) <= 0:
+                continue  # kill(0 or -1) would ask about groups, not one process
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except (OSError, TypeError, ValueError):
+            continue  # not ours to signal, or not a pid we can check: taken as alive
+    return True
 
 
 def _key(request: dict[str, Any]) -> str:

@@ -175,3 +175,49 @@ def test_a_read_in_flight_too_old_is_not_waited_for(clock: Clock) -> None:
     first.join(5)
     late.join(5)
     assert reader.reads == 2
+
+
+class ProcessReader(Reader):
+    """A read that shows the given processes: one on a GPU, one as a job's wrapper."""
+
+    def __init__(self, gpu_pid: int, wrapper_pid: int) -> None:
+        super().__init__()
+        self.gpu_pid, self.wrapper_pid = gpu_pid, wrapper_pid
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer = super().__call__(request)
+        answer["result"]["gpus"] = [{"index": 0, "processes": [{"pid": self.gpu_pid}]}]
+        answer["result"]["liveness"] = {"wrappers": [[self.wrapper_pid, 123]]}
+        return answer
+
+
+@pytest.mark.parametrize("which", ["gpu", "wrapper"])
+def test_a_read_showing_a_process_that_ended_since_is_not_reused(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """A job killed just now: the last read still shows its process (or its wrapper) while
+    its claim is released already; reused, that read would show its GPUs busy with no
+    claim. Once the process has ended, the next look reads again (tests/test_jobs.py kills
+    a real job and looks at once)."""
+    running = {4242, 4343}
+
+    def kill(pid: int, sig: int) -> None:
+        assert sig == 0
+        if pid not in running:
+            raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(recent_reads.os, "kill", kill)
+    reader = ProcessReader(4242, 4343)
+    reads = RecentReads(reader)
+    assert reads.answer(_probe())["result"]["read"] == 1
+    clock.now += 0.2
+    assert reads.answer(_probe())["result"]["read"] == 1  # all alive: reused
+    running.discard(4242 if which == "gpu" else 4343)
+    assert reads.answer(_probe())["result"]["read"] == 2  # one ended: read again
+    assert reader.reads == 2
+
+
+def test_processes_alive_takes_what_it_cannot_check_as_alive() -> None:
+    init_and_junk = {"gpus": [{"processes": [{"pid": 1}, {"pid": 0}, {"pid": None}, {}]}]}
+    assert recent_reads.processes_alive({"result": init_and_junk})
+    assert recent_reads.processes_alive({"error": {"message": "boom"}})
