@@ -188,6 +188,29 @@ def check_11(r: dict[str, Any]) -> None:
     assert r["driver"] is None
 
 
+H200_UUID = "GPU-1adb0499-40e8-665f-2120-02715a8c4436"
+
+
+def check_12(r: dict[str, Any]) -> None:
+    """Our own capture (device run, session 28): driver 580.x, DTD v13, one idle H200. Its
+    BAR1 (262144 MiB) and conf-compute (0 MiB) memory blocks come after fb_memory_usage and
+    must not be taken for it."""
+    (g,) = r["gpus"]
+    assert (g.index, g.uuid, g.name, g.pci_bus_id) == (
+        0,
+        H200_UUID,
+        "NVIDIA H200",
+        "00000000:00:06.0",
+    )
+    assert (g.memory_total_mib, g.memory_used_mib, g.utilization_pct) == (143771, 0, 0)
+    assert (g.mig_mode, g.mig_devices, g.processes) == (False, (), ())
+    assert r["driver"] == "580.159.04"
+
+
+def check_13(r: dict[str, Any]) -> None:
+    assert r["listing"] == [(0, "NVIDIA H200", H200_UUID, [])]
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     name[len("check_") :]: fn for name, fn in globals().items() if name.startswith("check_")
 }
@@ -211,7 +234,7 @@ def test_fixture(path: Path) -> None:
 
 def test_every_check_has_its_fixture() -> None:
     assert sorted(CHECKS) == sorted({p.name[:2] for p in SAMPLES} & set(CHECKS))
-    assert len(CHECKS) == 11
+    assert len(CHECKS) == 13
 
 
 # --- the shapes gpuclaim itself asks for: noheader,nounits with a known field list -----
