@@ -20,8 +20,11 @@ from typing import Optional
 _COMMANDS = frozenset({"status", "ls"})
 
 
-def fast_command(args: list[str]) -> Optional[Callable[[], int]]:
-    """The command ``args`` ask for, if it is one answered without typer; else None."""
+def leading_globals(args: list[str]) -> Optional[tuple[Optional[str], int]]:
+    """The global ``--config`` before the command (None: not given) and where the command
+    is, if only ``--config PATH`` / ``--config=PATH`` and ``--debug`` come before it; None
+    for anything else there (help, a typo, a value that looks like an option): the typer
+    app reads those, errors and all."""
     config: Optional[str] = None
     i = 0
     while i < len(args) and args[i].startswith("-"):
@@ -34,6 +37,15 @@ def fast_command(args: list[str]) -> Optional[Callable[[], int]]:
             i += 1
         else:
             return None
+    return config, i
+
+
+def fast_command(args: list[str]) -> Optional[Callable[[], int]]:
+    """The command ``args`` ask for, if it is one answered without typer; else None."""
+    leading = leading_globals(args)
+    if leading is None:
+        return None
+    config, i = leading
     if i >= len(args) or args[i] not in _COMMANDS:
         return None
     options = _status_options(args[i + 1 :])

@@ -319,19 +319,14 @@ def _first_contacts(args: list[str]) -> None:
     """Start the first call's SSH sessions to the nodes this command will look at, if it
     is one that looks and they have no warm path; never fails (the command says what is
     wrong with the config, or anything else)."""
-    command, config, i = None, None, 0
-    while i < len(args) and command is None:
-        arg = args[i]
-        if arg == "--config" and i + 1 < len(args):
-            config, i = args[i + 1], i + 2
-            continue
-        if arg.startswith("--config="):
-            config = arg.split("=", 1)[1]
-        elif not arg.startswith("-"):
-            command = arg
-        i += 1
-    rest = args[i:]
-    if command not in _LOOKS_AT_NODES or "-h" in rest or "--help" in rest:
+    from gpuclaim.entry.fast import leading_globals
+
+    leading = leading_globals(args)
+    if leading is None or leading[1] >= len(args):
+        return
+    config, i = leading
+    rest = args[i + 1 :]
+    if args[i] not in _LOOKS_AT_NODES or "-h" in rest or "--help" in rest:
         return
     try:
         from pathlib import Path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuclaim.entry.fast import fast_command
+from gpuclaim.entry.fast import fast_command, leading_globals
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +48,22 @@ def test_taken(args: list[str]) -> None:
 )
 def test_left_to_the_typer_app(args: list[str]) -> None:
     assert fast_command(args) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "--", "x"], (None, 0)),
+        (["--config", "c.toml", "claim", "-n", "2"], ("c.toml", 2)),
+        (["--debug", "--config=c.toml", "board"], ("c.toml", 2)),
+        (["--debug"], (None, 1)),  # no command: where it would be is past the end
+        (["--config"], None),
+        (["--config", "--debug", "status"], None),  # click takes --debug as the path
+        (["--version", "status"], None),
+        (["--config=", "status"], None),
+    ],
+)
+def test_leading_globals(args: list[str], expected: object) -> None:
+    """The globals before the command, read once for both the typer-free start and the
+    first call's early SSH sessions (entry.main._first_contacts)."""
+    assert leading_globals(args) == expected
