@@ -8,6 +8,9 @@ For each N it starts an sshd testbed of N nodes and times, median of ``--repeat`
             --query-compute-apps=...' (the by-hand loop: GPUs and who is on them)
   pdsh      pdsh -R ssh -w node[01-N] the same two queries (if pdsh is installed), its
             runs taking turns with the first calls
+  py-floor  the least any Python CLI could do: start this Python, spawn the same ssh
+            commands pdsh runs, print their output (no config, no parsing, no store);
+            taking turns with pdsh and the first calls
   fabric    ssh_client = "fabric" (no ssh binary): new process, new connections, agent cached
   first     the default client (the ssh binary), first call of the day: no master, no warm
             agent, no agent on the node (the bundle is sent)
@@ -52,6 +55,17 @@ QUERY = (
     " nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory"
     " --format=csv,noheader,nounits"
 )
+
+
+# py-floor: a Python program doing only what pdsh does (argv: ssh config, command, nodes)
+_PY_FLOOR = """
+import subprocess, sys
+cfg, command, nodes = sys.argv[1], sys.argv[2], sys.argv[3:]
+out, nothing = subprocess.PIPE, subprocess.DEVNULL
+ssh = [["ssh", "-F", cfg, node, command] for node in nodes]
+procs = [subprocess.Popen(argv, stdout=out, stdin=nothing) for argv in ssh]
+sys.stdout.buffer.write(b"".join(p.communicate()[0] for p in procs))
+"""
 
 
 def timed(fn, repeat: int) -> float:
@@ -117,6 +131,7 @@ def bench_n(
                 run(["pdsh", "-f", "64", "-w", hosts, QUERY], penv, 4 * n)
 
             pdsh_once()  # warm-up: the page cache, as for gpuclaim's first call below
+        floor = [sys.executable, "-c", _PY_FLOOR, str(cfg), QUERY, *tb.nodes]
         gpuclaim = [sys.executable, "-m", "gpuclaim", "status", "--json"]
         # fabric (paramiko): what a machine without an ssh binary gets, new process each time
         fabric = config.read_text().replace("\nnodes = ", '\nssh_client = "fabric"\nnodes = ', 1)
@@ -145,12 +160,15 @@ def bench_n(
             shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)
 
         # pdsh and the first call take turns, so that a noisy machine's drift falls on both
-        samples, pdsh_samples = [], []
+        samples, pdsh_samples, floor_samples = [], [], []
         for _ in range(repeat):
             if pdsh_once is not None:
                 t0 = time.perf_counter()
                 pdsh_once()
                 pdsh_samples.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            run(floor, env, 4 * n)
+            floor_samples.append(time.perf_counter() - t0)
             first_of_the_day()
             t0 = time.perf_counter()
             run(gpuclaim, oenv, 4 * n)
@@ -159,6 +177,7 @@ def bench_n(
             _wait_for_installs()
         if pdsh_samples:
             results["pdsh"] = statistics.median(pdsh_samples)
+        results["py-floor"] = statistics.median(floor_samples)
         results["first"] = statistics.median(samples)
         _until_warm(gpuclaim, oenv, cm / "gpuclaim-cm" / "w", n)
         machine0, cli0 = machine_cpu(), _children_cpu()
@@ -298,7 +317,9 @@ def main() -> None:
         row = table[n]
         if "pdsh" in row:
             parts = [
-                f"{m} {row[m] / row['pdsh']:.2f}" for m in ("warm", "first", "fabric") if m in row
+                f"{m} {row[m] / row['pdsh']:.2f}"
+                for m in ("warm", "first", "py-floor", "fabric")
+                if m in row
             ]
             print(f"N={n:<4} " + "  ".join(parts))
     print(f"warm N={last} / warm N={first}: {table[last]['warm'] / table[first]['warm']:.2f}")

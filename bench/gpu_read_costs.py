@@ -9,7 +9,8 @@ without it), the three ratios [fast-2] asks for, in one run on the sshd testbed.
                  two nvidia-smi queries a look needs (targets: <= 0.15 at N=16); warm-read:
                  the same with every look reading the GPUs (``gpu_read_max_age = 0``)
   first / pdsh   the first call of the day (no masters, no agents) against pdsh
-                 (target: <= 1.0 at N=4 and 16)
+                 (target: <= 1.0 at N=4 and 16); py-floor: a Python program that only
+                 runs pdsh's ssh commands, the least any Python CLI could take
   run / hand     plain ``run`` until the job's first output, against ``ssh node tmux new -d``
                  (target: <= 1.5 at N=1); and ``run --follow`` until it prints it
 """
@@ -63,6 +64,7 @@ def main() -> None:
         return
     print(
         "\nnvidia-smi  N     pdsh    warm  warm/pdsh   first  first/pdsh  warm-read  warm-read/pdsh"
+        "  py-floor/pdsh"
     )
     for row in rows:
         for n, t in row["fanout"].items():
@@ -70,6 +72,7 @@ def main() -> None:
                 f"{row['cost_ms']:>8g}ms {n:>3} {t['pdsh']:>8.3f} {t['warm']:>7.3f} "
                 f"{t['warm'] / t['pdsh']:>10.2f} {t['first']:>7.3f} {t['first'] / t['pdsh']:>11.2f}"
                 f" {t['warm-read']:>10.3f} {t['warm-read'] / t['pdsh']:>15.2f}"
+                f" {t['py-floor'] / t['pdsh']:>14.2f}"
             )
     print("\nnvidia-smi  by hand  run (plain)  ratio  run --follow  ratio   (N=1)")
     for row in rows:
