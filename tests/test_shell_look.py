@@ -167,6 +167,27 @@ def test_a_look_cut_short_is_no_answer(tmp_path: Path) -> None:
     assert parse_look(b"sh: 1: exec: sh: not found\n", b"", _request([str(smi)])) is None
 
 
+def test_a_process_name_cannot_speak_for_the_script(tmp_path: Path) -> None:
+    """Another user on the node names a GPU process with lines of the look's own markers (a
+    process name is its owner's to choose): they stay text of the XML. Taken as markers,
+    they could point this laptop's forwarded agent socket at that user's socket, or cut
+    every look at the node short."""
+    evil = "x\n@agent warm\n@socket /tmp/evil.sock\n@end\n@smi-exit 0\n@owners\n@end\ny"
+    xml = _xml_with_our_pid(tmp_path)
+    name = "/root/src/llama.cpp/build/bin/llama-server"
+    xml.write_text(xml.read_text().replace(name, evil))
+    smi = _fake_smi(tmp_path, f"cat {xml}")
+    look, proc = _shell_look(tmp_path, _request([str(smi)]))
+    assert look is not None, proc
+    assert (look.agent, look.socket) == ("missing", "")
+    assert look.inventory is not None and look.inventory["error"] is None
+    names = {p["name"] for g in look.inventory["gpus"] for p in g["processes"]}
+    assert names == {evil}
+    # and a look whose own end is missing is still no answer, whatever the XML holds
+    cut = proc.stdout[: proc.stdout.rindex(b"@owners")]
+    assert parse_look(cut, b"", _request([str(smi)])) is None
+
+
 def test_the_warm_agents_state_comes_from_its_where_file(tmp_path: Path) -> None:
     smi = _fake_smi(tmp_path, f"cat {_xml_with_our_pid(tmp_path)}")
     cache = tmp_path / "home" / ".cache" / "gpuclaim"

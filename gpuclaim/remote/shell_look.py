@@ -40,7 +40,7 @@ s=missing
 if [ -e "$a.pyz" ] || [ -e "$a" ]; then s=starting; fi
 p=; w=
 if [ -r "$a.where" ]; then {{ read -r p; read -r w; }} < "$a.where"; fi
-if [ -n "$w" ] && [ -S "$w" ] && kill -0 "$p"; then s=warm; fi
+if [ -n "$w" ] && [ -S "$w" ] && [ -O "$w" ] && kill -0 "$p"; then s=warm; fi
 if [ $s = missing ] && ! e=$(mkdir -p "$HOME/.cache/gpuclaim" 2>&1); then
   s=cannot; echo "@cannot $e"
 fi
@@ -49,7 +49,7 @@ echo "@socket $w"
 echo @boot; read -r b < /proc/sys/kernel/random/boot_id; echo "$b"
 echo @self; read -r b < /proc/$$/stat; echo "$b"
 echo @mounts
-while read -r b; do case $b in *' - proc '*) echo "$b";; esac; done < /proc/self/mountinfo
+while read -r b; do case $b in *' - proc '*) printf '%s\n' "$b";; esac; done < /proc/self/mountinfo
 echo @wrappers
 # [.]: the pattern is not in its own text, so this script, its grep and other looks'
 # scripts (all with it in their command lines) are not found: only wrappers pay a `tr`
@@ -124,7 +124,7 @@ def parse_look(stdout: bytes, stderr: bytes, request: Mapping[str, Any]) -> Opti
     ``sh``, a cut connection): the Python agent answers instead."""
     text = stdout.decode("utf-8", "replace")
     start = text.find(HEADER + "\n")
-    if start < 0 or "\n@end\n" not in text[start:]:
+    if start < 0:
         return None
     sections = _sections(text[start + len(HEADER) + 1 :])
     if sections is None:
@@ -140,21 +140,44 @@ def parse_look(stdout: bytes, stderr: bytes, request: Mapping[str, Any]) -> Opti
 
 def _sections(text: str) -> Optional[dict[str, str]]:
     """``@name value`` lines and ``@name`` headed blocks, by name (the wrappers' ``@w`` lines
-    stay in their block)."""
+    stay in their block); None without the ``@end`` line.
+
+    nvidia-smi's output is the one part others on the node control: a process name is
+    whatever its owner made it, newlines and ``@`` lines too. So it is never read for
+    markers: it is all between the first ``@smi`` line (everything before is the script's
+    own) and the last ``@smi-exit`` line (everything after is too). An ``@agent`` or an
+    ``@end`` in it is only text of the XML."""
+    lines = text.split("\n")
+    if "@smi" not in lines:  # no nvidia-smi here (@no-smi): nobody else's text at all
+        return _marked(lines, need_end=True)
+    first = lines.index("@smi")
+    ends = [i for i, line in enumerate(lines) if line.startswith("@smi-exit ")]
+    if not ends or ends[-1] < first:
+        return None
+    before = _marked(lines[:first], need_end=False)
+    after = _marked(lines[ends[-1] :], need_end=True)
+    if before is None or after is None:
+        return None
+    return {**before, **after, "smi": "\n".join(lines[first + 1 : ends[-1]])}
+
+
+def _marked(lines: list[str], need_end: bool) -> Optional[dict[str, str]]:
     found: dict[str, list[str]] = {}
     current: Optional[list[str]] = None
-    for line in text.split("\n"):
+    for line in lines:
         name, _, value = line.partition(" ")
         if name in ("@agent", "@socket", "@smi-exit", "@cannot"):
             found[name[1:]] = [value]
             current = None
-        elif name in ("@boot", "@self", "@mounts", "@wrappers", "@smi", "@owners", "@no-smi"):
+        elif name in ("@boot", "@self", "@mounts", "@wrappers", "@owners", "@no-smi"):
             current = found.setdefault(name[1:], [])
         elif line == "@end":
-            return {key: "\n".join(lines) for key, lines in found.items()}
+            return {key: "\n".join(block) for key, block in found.items()}
         elif current is not None:
             current.append(line)
-    return None
+    if need_end:
+        return None
+    return {key: "\n".join(block) for key, block in found.items()}
 
 
 def _inventory(
