@@ -8,6 +8,7 @@ import re
 
 from gpuclaim.core.errors import UsageError
 
+MAX_DURATION_S = 366 * 86400  # the longest duration anything takes: a year
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -42,7 +43,7 @@ def parse_duration(text: str) -> float:
         seconds = _parse_slurm(value)
     if seconds <= 0:
         raise UsageError(f"duration must be positive: {text!r} ({_EXAMPLES})")
-    if seconds > 366 * 86400:
+    if seconds > MAX_DURATION_S:
         raise UsageError(f"duration too long: {text!r} (at most a year)")
     return seconds
 
