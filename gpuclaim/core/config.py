@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, get_args
 from urllib.parse import urlsplit
 
 from gpuclaim.core import paths
-from gpuclaim.core.durations import MAX_DURATION_S, parse_bytes, parse_duration
+from gpuclaim.core.durations import duration_setting, parse_bytes
 from gpuclaim.core.errors import ConfigError, GpuclaimError
 from gpuclaim.core.identity import validate_name
 from gpuclaim.core.typos import closest
@@ -565,17 +565,8 @@ def _duration(table: dict[str, Any], key: str, default: float, section: str = "d
     name = f"{section}.{key}"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"'{name}' must be a duration like \"4h\"")
-    if not isinstance(value, str):
-        # a bare number is minutes, as SLURM reads one; 0 is kept (where a setting says
-        # what 0 means, e.g. gpu_read_max_age's "never"); TOML also writes inf and nan
-        minutes = float(value)
-        if not math.isfinite(minutes) or minutes < 0:
-            raise ConfigError(f"'{name}' must be a duration like \"4h\", not {value}")
-        if minutes * 60 > MAX_DURATION_S:
-            raise ConfigError(f"'{name}': duration too long: {value} minutes (at most a year)")
-        return minutes * 60
     try:
-        return parse_duration(value)
+        return duration_setting(value)
     except GpuclaimError as exc:
         raise ConfigError(f"'{name}': {exc.message}") from exc
 

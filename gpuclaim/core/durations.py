@@ -4,6 +4,7 @@ sizes as rsync reads them (``500M``, ``4GiB``, ``2GB``)."""
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 from gpuclaim.core.errors import UsageError
@@ -46,6 +47,20 @@ def parse_duration(text: str) -> float:
     if seconds > MAX_DURATION_S:
         raise UsageError(f"duration too long: {text!r} (at most a year)")
     return seconds
+
+
+def duration_setting(value: str | int | float) -> float:
+    """Seconds in a duration a config file gives: a string as ``parse_duration`` reads it,
+    or a bare number of minutes, as SLURM reads one (0 kept: where a setting says what 0
+    means, e.g. gpu_read_max_age's "never"; TOML also writes inf and nan)."""
+    if isinstance(value, str):
+        return parse_duration(value)
+    minutes = float(value)
+    if not math.isfinite(minutes) or minutes < 0:
+        raise UsageError(f"not a duration: {value} ({_EXAMPLES}; a bare number is minutes)")
+    if minutes * 60 > MAX_DURATION_S:
+        raise UsageError(f"duration too long: {value} minutes (at most a year)")
+    return minutes * 60
 
 
 def _parse_slurm(value: str) -> float:
