@@ -203,9 +203,14 @@ def test_the_warm_agents_state_comes_from_its_where_file(tmp_path: Path) -> None
     listener.bind(str(sock_path))
     where = cache / f"agent-{VERSION}.where"
     try:
-        where.write_text(f"{os.getpid()}\n{sock_path}\n")
+        where.write_text(f"{os.getpid()}\n{sock_path}\n{process_start(os.getpid())}\n")
         look, _ = _shell_look(tmp_path, _request([str(smi)]))
         assert look is not None and (look.agent, look.socket) == ("warm", str(sock_path))
+        # the agent killed -9, its pid now another process of ours: not warm, started anew
+        # (taken for warm, the forward finds no agent and the warm path goes off for 10 min)
+        where.write_text(f"{os.getpid()}\n{sock_path}\n{process_start(os.getpid()) - 1}\n")
+        look, _ = _shell_look(tmp_path, _request([str(smi)]))
+        assert look is not None and look.agent == "starting"
         # its process gone (a kill -9 left the file and the socket): starting again
         dead = subprocess.Popen(["true"])
         dead.wait()

@@ -164,13 +164,17 @@ def where_file(version: str) -> Path:
 
 
 def _say_where(version: str, path: Path) -> Optional[Path]:
-    """Write ``PID\nSOCKET\n`` to the where-file (atomically); None if it cannot be written
-    (then shell looks start an agent each time, which finds this one and exits)."""
+    """Write ``PID\nSOCKET\nSTART\n`` to the where-file (atomically; START: this process's
+    start time, as its stat says it, so a look can tell this process from a later one that
+    got its pid); None if it cannot be written (then shell looks start an agent each time,
+    which finds this one and exits)."""
+    from gpuclaim.core.liveness import process_start
+
     target = where_file(version)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(f"{os.getpid()}\n{path}\n", "utf-8")
+        tmp.write_text(f"{os.getpid()}\n{path}\n{process_start(os.getpid())}\n", "utf-8")
         tmp.replace(target)
     except OSError:
         with contextlib.suppress(OSError):

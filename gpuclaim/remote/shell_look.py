@@ -38,9 +38,13 @@ a="$HOME/.cache/gpuclaim/agent-{version}"
 echo '{header}'
 s=missing
 if [ -e "$a.pyz" ] || [ -e "$a" ]; then s=starting; fi
-p=; w=
-if [ -r "$a.where" ]; then {{ read -r p; read -r w; }} < "$a.where"; fi
-if [ -n "$w" ] && [ -S "$w" ] && [ -O "$w" ] && kill -0 "$p"; then s=warm; fi
+p=; w=; t=
+if [ -r "$a.where" ]; then {{ read -r p; read -r w; read -r t; }} < "$a.where"; fi
+# warm: its socket is there and ours, and its pid is still that process (the start time
+# it wrote is field 22 of its stat): not another of ours that took a dead agent's pid
+if [ -n "$w" ] && [ -n "$t" ] && [ -S "$w" ] && [ -O "$w" ] && read -r b < "/proc/$p/stat"; then
+  b=${{b##*)}}; set -- $b; shift 19; if [ "$1" = "$t" ]; then s=warm; fi
+fi
 if [ $s = missing ] && ! e=$(mkdir -p "$HOME/.cache/gpuclaim" 2>&1); then
   s=cannot; echo "@cannot $e"
 fi
