@@ -216,7 +216,10 @@ def run() -> NoReturn:
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
         sys.exit(code)
-    atexit._run_exitfuncs()
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # Python 3.9 raises the last handler's error again (after printing it)
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

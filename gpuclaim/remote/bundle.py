@@ -212,18 +212,21 @@ def install_input(request: bytes) -> Path:
     """A file holding what an install command reads (``remote.install``): ``request`` (one
     line), the installer and the archive; made once per version, for installs that run on
     after the command that started them (``WarmAgents``)."""
+    from gpuclaim.remote import install
+
     version, blob = agent_bundle()
-    digest = hashlib.sha1(request).hexdigest()[:8]
+    # named by all it holds: the installer is not in the bundle's version (a checkout
+    # whose remote/install.py changed would go on sending the old one)
+    data = request.rstrip(b"\n") + b"\n" + install.install_stdin(blob)
+    digest = hashlib.sha1(data).hexdigest()[:12]
     path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
     with _MAKING:  # every node's look that found no agent asks at once, from its thread
         if not path.exists():
-            from gpuclaim.remote import install
-
             path.parent.mkdir(parents=True, exist_ok=True)
             for old in path.parent.glob("agent-*.install"):
                 if not old.name.startswith(f"agent-{version}."):
                     old.unlink(missing_ok=True)
-            _write_whole(path, request.rstrip(b"\n") + b"\n" + install.install_stdin(blob))
+            _write_whole(path, data)
     return path
 
 

@@ -46,6 +46,9 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
     version = agent_version()
     warm = WarmAgents(pool, version, limits.agent_idle_s, _never)
     started, hosts = 0, set()
+    # before the first: a spawn failing halfway (out of file descriptors) leaves the ones
+    # started to be closed at exit all the same
+    atexit.register(_close_unadopted)
     for name in dict.fromkeys(names):
         node = next((n for n in config.nodes if n.name == name), None)
         if node is None or node.transport != "ssh" or node.host in hosts:
@@ -75,8 +78,6 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
         )
         log.debug("%s: first contact started before the command", node.host)
         started += 1
-    if started:
-        atexit.register(_close_unadopted)
     return started
 
 
