@@ -10,11 +10,11 @@ accepts none, or finds none young enough, waits for a read of its own, as before
 if one begun within the age it allows is still running, for that one's answer.
 
 An answer from an earlier read is still a true answer for the moment it was read: its
-``liveness.checked_from`` is that read's start, so a job started since is never taken for
-lost. But one that shows a process that has ended since (a GPU's compute app, a job's
-wrapper) is not reused: a job killed a moment ago would otherwise show its GPUs busy with
-no claim, its claim released already. How old a read is counts from its end, when
-nvidia-smi answered.
+``liveness.checked_from`` is when that read looked at ``/proc``, so a job started since is
+never taken for lost. But one that shows a process that has ended since (a GPU's compute
+app, a job's wrapper) is not reused: a job killed a moment ago would otherwise show its
+GPUs busy with no claim, its claim released already. How old a read is counts from its
+end, when nvidia-smi answered.
 
 Standard library only, Python 3.9 (node side).
 """
@@ -83,7 +83,9 @@ class RecentReads:
         # node without persistence mode the 2 s before go to starting the driver), so a
         # read that takes longer than the age allowed can still be reused
         ended = time.monotonic()
-        if "result" in answer:  # an error is never reused: the next look tries again
+        # an error (the agent's, or the GPUs' read: a hung nvidia-smi) is never reused:
+        # the next look tries again
+        if "result" in answer and not (answer["result"] or {}).get("error"):
             with self._lock:
                 last = self._last.get(key)
                 if last is None or last[0] < ended:

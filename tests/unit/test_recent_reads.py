@@ -103,6 +103,23 @@ def test_reads_are_kept_per_request_and_errors_are_not_kept(clock: Clock) -> Non
     assert reads.answer(_probe(node="n1"))["result"]["read"] == 4  # read again, not the error
 
 
+def test_a_read_that_found_the_gpus_unreadable_is_not_kept(clock: Clock) -> None:
+    """probe_local says a failed GPU read in the inventory (a hung nvidia-smi), not as an
+    agent error: the next look reads again all the same."""
+
+    class UnreadableGpus(Reader):
+        def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+            answer = super().__call__(request)
+            answer["result"]["error"] = "nvidia-smi did not answer within 10s"
+            return answer
+
+    reader = UnreadableGpus()
+    reads = RecentReads(reader)
+    reads.answer(_probe())
+    assert reads.answer(_probe())["result"]["read"] == 2
+    assert reader.reads == 2
+
+
 def test_a_slow_reads_age_counts_from_its_answer(clock: Clock) -> None:
     """A node without persistence mode: nvidia-smi takes 2 s, the age allowed is 1 s. Its
     answer is fresh when it comes (the GPUs are read at its end), not 2 s old already."""
