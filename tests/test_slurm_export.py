@@ -59,6 +59,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 # a new model fails test_every_fixture_model_has_a_type until it is added here.
 FIXTURE_TYPES = {
     "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H200": "h200",  # our own capture (fixture 12)
     "NVIDIA L40S": "l40s",
     "NVIDIA A100-SXM4-80GB": "a100",
     "NVIDIA RTX A5000": "rtx_a5000",
@@ -71,7 +72,6 @@ FIXTURE_TYPES = {
 CATALOGUE = {
     "NVIDIA B200": "b200",
     "NVIDIA GB200": "gb200",
-    "NVIDIA H200": "h200",
     "NVIDIA H200 NVL": "h200",
     "NVIDIA GH200 480GB": "gh200",
     "NVIDIA H100 PCIe": "h100",
