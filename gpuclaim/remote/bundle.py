@@ -95,6 +95,7 @@ _MAIN = f"import sys\nfrom {ENTRY} import main\nsys.exit(main())\n".encode()
 
 # Made once per version in the data dir; the fan-out's threads ask for them at once
 _MAKING = threading.RLock()
+_INSTALL_INPUTS: dict[tuple[str, bytes], Path] = {}  # (version, request) -> its file
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
@@ -212,21 +213,26 @@ def install_input(request: bytes) -> Path:
     """A file holding what an install command reads (``remote.install``): ``request`` (one
     line), the installer and the archive; made once per version, for installs that run on
     after the command that started them (``WarmAgents``)."""
-    from gpuclaim.remote import install
-
-    version, blob = agent_bundle()
-    # named by all it holds: the installer is not in the bundle's version (a checkout
-    # whose remote/install.py changed would go on sending the old one)
-    data = request.rstrip(b"\n") + b"\n" + install.install_stdin(blob)
-    digest = hashlib.sha1(data).hexdigest()[:12]
-    path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
+    version = agent_version()
     with _MAKING:  # every node's look that found no agent asks at once, from its thread
+        known = _INSTALL_INPUTS.get((version, request))
+        if known is not None and known.exists():
+            return known  # each node's look asks: the file is named and checked once
+        from gpuclaim.remote import install
+
+        _, blob = agent_bundle()
+        # named by all it holds: the installer is not in the bundle's version (a checkout
+        # whose remote/install.py changed would go on sending the old one)
+        data = request.rstrip(b"\n") + b"\n" + install.install_stdin(blob)
+        digest = hashlib.sha1(data).hexdigest()[:12]
+        path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             for old in path.parent.glob("agent-*.install"):
                 if not old.name.startswith(f"agent-{version}."):
                     old.unlink(missing_ok=True)
             _write_whole(path, data)
+        _INSTALL_INPUTS[(version, request)] = path
     return path
 
 
