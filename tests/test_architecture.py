@@ -314,7 +314,7 @@ def test_positional_and_typed_calls_cross_the_remote_proxy(tmp_path: Path) -> No
     snap = remote.snapshot()
     assert isinstance(snap, Snapshot) and snap.claims["c-1"].claim == claim
     job = Job("j-1", "train", "ann", ("python", "t.py"), "queued", now, 60.0)
-    remote.create_job(job)
+    job = remote.create_job(job)
     result = remote.update_job("j-1", {"state": "running"}, ["queued"])  # all positional
     assert isinstance(result, JobUpdate) and result.applied
     assert result.job == job.with_(state="running") == remote.load_job("j-1")

@@ -71,6 +71,7 @@ class EventType(_Word):
     RESERVE_OPEN = "reserve-open"
     RESERVE_NOSHOW = "reserve-noshow"
     RESERVE_END = "reserve-end"
+    REFUSED = "refused"  # a job its owner's spec does not vouch for (forged?): never run
 
 
 def event_type(value: str) -> Optional[EventType]:
@@ -420,6 +421,10 @@ class Job:
     service: Optional[ServiceSpec] = None  # gpuclaim serve: its port, health check, restarts
     health: Optional[str] = None  # a service's: a ServiceHealth, as its wrapper last saw it
     up_since: Optional[float] = None  # a service's: when its process last (re)started
+    # The Unix account that submitted it (core/accounts.py): only its processes run it
+    account: str = ""  # its login name where the store was written
+    uid: Optional[int] = None  # ... and its uid, which the owner's spec file proves
+    spec: Optional[str] = None  # the owner's spec it runs, when not its own id (a requeue)
 
     @property
     def session(self) -> str:
@@ -494,6 +499,9 @@ class Job:
             # where a service answers: its node's name as gpuclaim knows it (forward for a
             # tunnel from the laptop)
             "url": self.service.url(first.node) if self.service and first else None,
+            "account": self.account,
+            "uid": self.uid,
+            "spec": self.spec,
         }
 
     @classmethod
@@ -549,6 +557,9 @@ class Job:
             else None,
             health=d.get("health"),
             up_since=parse_iso(d.get("up_since")),
+            account=str(d.get("account") or ""),
+            uid=opt_int(d.get("uid")),
+            spec=str(d["spec"]) if d.get("spec") else None,
         )
 
 

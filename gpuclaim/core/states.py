@@ -86,6 +86,7 @@ class ReasonCode(str, Enum):
     DRAINED = "Drained"  # the only nodes it may use take no new work
     BEGIN_TIME = "BeginTime"  # run --begin
     UNREACHABLE = "NodeDown"  # the only nodes it may use cannot be reached
+    OWNER = "Owner"  # it fits, and only its owner's account may start it (core/accounts.py)
 
     def __str__(self) -> str:
         return self.value

@@ -126,7 +126,7 @@ def submit_array(
             array=replace(ref, index=index),
             after=after,
         ).with_(workdir=workdir, synced=copied)
-        store.create_job(job=task)
+        task = store.create_job(job=task)
         enqueue(store, task)
         tasks.append(task)
     store.append_event(

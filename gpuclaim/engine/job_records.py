@@ -178,8 +178,10 @@ def requeue(store: Store, job: Job, now: float) -> Optional[Job]:
         preempt_deadline=None,
         port=None,
         restarts=job.restarts + 1,
+        # the rerun runs what its owner submitted: the first run's spec, whoever requeues it
+        spec=(job.spec or job.id) if job.uid is not None else None,
     )
-    store.create_job(job=again)
+    again = store.create_job(job=again)
     store.update_job(job_id=job.id, changes={"requeued_as": again.id})
     store.enqueue(job_id=again.id, user=again.user, nice=again.nice, begin=0.0)
     store.append_event(job_event(EventType.JOB_QUEUED, again, now, {"requeued_from": job.id}))

@@ -211,7 +211,7 @@ def submit_job(
         job = _with_copies(config, ops, job, req, nodes)
     if req.queue:
         check_queue_room(config, store, req.user, 1)
-        store.create_job(job=job)
+        job = store.create_job(job=job)
         enqueue(store, job)
         store.append_event(job_event(EventType.JOB_QUEUED, job, job.submitted))
         from gpuclaim.engine.dispatch import dispatch_queue  # here: a job that starts needs none
@@ -231,7 +231,7 @@ def submit_job(
             release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
         raise
     job = job.with_(state=JobState.STARTING, ranks=tuple(ranks))
-    store.create_job(job=job)
+    job = store.create_job(job=job)
     return start_ranks(config, store, job, ops)
 
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
+from gpuclaim.core.accounts import Account, runs_as
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import GpuclaimError, NameInUseError
 from gpuclaim.core.events import claim_event
@@ -79,6 +80,8 @@ class Revival:
 
     started: list[tuple[Job, str]] = field(default_factory=list)  # and why it was down
     failed: list[tuple[Job, str]] = field(default_factory=list)  # and why it could not start
+    # another account's, down: only its owner's processes start it (and why it is down)
+    owners: list[tuple[Job, str]] = field(default_factory=list)
 
 
 def services_down(view: ClusterView) -> bool:
@@ -90,8 +93,11 @@ def services_down(view: ClusterView) -> bool:
 def revive_services(config: Config, store: Store, view: ClusterView, ops: NodeOps) -> Revival:
     """Services whose node answers but whose wrapper is gone (the node rebooted, its tmux
     server was killed) start again on their own GPUs, one look per service winning the turn.
-    One that should not run any more (killed, ended, its record gone) lets its GPUs go."""
+    One that should not run any more (killed, ended, its record gone) lets its GPUs go.
+    Another account's service is left to its owner (``revival.owners``): no look takes the
+    turn in the owner's stead, so the owner's next look starts it, as the owner."""
     revival = Revival()
+    me: Optional[Account] = None
     for status in view.snapshot.claims.values():
         claim = status.claim
         inv = view.inventories.get(claim.node)
@@ -104,6 +110,10 @@ def revive_services(config: Config, store: Store, view: ClusterView, ops: NodeOp
         cause = _why_down(view, claim)
         if cause is None:
             continue  # only beats missed (the storage stalled?): not proof enough to start twice
+        me = me or Account.from_dict(store.whoami())
+        if not runs_as(job, me):
+            revival.owners.append((job, cause))
+            continue
         holder = f"{this_host()}:{os.getpid()}:{time.time():.6f}"
         if store.take_turn(f"revive-{claim.id}", holder, REVIVE_TURN_S):
             error = _start_again(config, store, ops, job, claim, inv, cause)

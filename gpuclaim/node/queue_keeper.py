@@ -6,8 +6,11 @@ command that freed the GPUs dispatches). A claim that simply expires has nobody 
 while a job waits, one keeper per node (a small process started over SSH when the job is
 queued, detached from the session) reads the store every couple of seconds: when the claims
 on its node change (one expired, one was released by a crash or by hand), it dispatches there.
-It exits as soon as no queued job could use its node. One per node and store: a lock in the
-store, refreshed while it lives, so a keeper that dies is replaced by the next one started.
+It exits as soon as no queued job could use its node. One per node, store and account: each
+account starts only its own jobs (``core/accounts.py``), so when another account's job ends
+it is this keeper, polling every second, that hands its GPUs over to its account's job. A lock
+in the store, refreshed while it lives, so a keeper that dies is replaced by the next one
+started (and others' dispatch can tell whether it lives: ``engine/owners.py``).
 
 Node-side code: standard library only, Python 3.9.
 """
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuclaim.core.accounts import keeper_lock, runs_as, this_account
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.priority import parse_entry
 from gpuclaim.core.states import JobState
@@ -28,7 +32,7 @@ if TYPE_CHECKING:
     from gpuclaim.core.protocol import KeeperSpec
     from gpuclaim.store import ClaimStore, Store
 
-POLL_S = 2.0  # how often the store is read: the delay after an expiry is at most this much more
+POLL_S = 1.0  # how often the store is read: a hand-over from another account takes about this
 RETRY_S = 60.0  # a dispatch at least this often (GPUs freed outside gpuclaim's view)
 MAX_FAILURES = 5  # consecutive store errors (the store is gone): stop
 
@@ -41,7 +45,7 @@ def run_keeper(spec_path: str) -> int:
     node = str(spec["node"])
     config = parse_config(spec["config"])
     store = ClaimStore(Path(spec["store_root"]))
-    lock_name = f"queue-keeper-{node}"
+    lock_name = keeper_lock(node, this_account().uid)
     try:
         lock = store.try_lock(lock_name)
     except GpuclaimError:
@@ -60,10 +64,11 @@ def _keep(config: Config, store: ClaimStore, node: str, lock_name: str) -> int:
     seen: Optional[tuple[Any, ...]] = None
     last_dispatch = 0.0
     failures = 0
+    never: set[str] = set()
     while store.root.is_dir():  # a store that was removed has no queue left to keep
         try:
             store.refresh_lock(lock_name)
-            if not _waiting_for(store, node):
+            if not _waiting_for(store, node, never):
                 return 0
             now_seen = _what_matters(store, node)
             if now_seen != seen or time.monotonic() - last_dispatch > RETRY_S:
@@ -81,15 +86,22 @@ def _keep(config: Config, store: ClaimStore, node: str, lock_name: str) -> int:
     return 0
 
 
-def _waiting_for(store: Store, node: str) -> bool:
-    """Is any queued job one that this node could start on its own?"""
+def _waiting_for(store: Store, node: str, never: set[str]) -> bool:
+    """Is any queued job of this account one that this node could start on its own?
+    ``never``: the jobs already found to be others' or to need other nodes (that does not
+    change), so a poll reads only the records it has not judged for good."""
+    me = this_account()
     for name in store.queue_entries():
         entry = parse_entry(name)
-        job = store.load_job(job_id=entry.job_id) if entry is not None else None
+        if entry is None or entry.job_id in never:
+            continue
+        job = store.load_job(job_id=entry.job_id)
         if job is None or job.state != JobState.QUEUED:
             continue
-        if job.node in (None, node) and job.nodes_wanted == 1:
-            return True
+        if not runs_as(job, me) or job.node not in (None, node) or job.nodes_wanted != 1:
+            never.add(job.id)
+            continue
+        return True
     return False
 
 

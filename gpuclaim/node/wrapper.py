@@ -41,6 +41,10 @@ class Wrapper(ChildRun):
         log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
         try:
             self._beat()
+            refused = self._refused()
+            if refused:
+                log.write(f"gpuclaim: refused to run this job: {refused}\n".encode())
+                return self._finish(JobState.FAILED, None, f"refused: {refused}")
             env, error = self._environment()
             if error:
                 log.write(f"gpuclaim: {error}\n".encode())
@@ -53,6 +57,24 @@ class Wrapper(ChildRun):
             if self.shell is not None:
                 self.shell.stop()  # not needed after all, if it was not read
             log.close()
+
+    def _refused(self) -> str:
+        """Why this account must not run the job ("" when it may): the last gate, whoever
+        launched it. Only a spec file of this account, written by nobody else, vouches for
+        what runs (``store/owners.py``); a refusal is logged for ``doctor``."""
+        why = self.store.check_job(job=self.job)
+        if why:
+            from dataclasses import replace
+
+            from gpuclaim.core.accounts import this_account
+            from gpuclaim.core.events import job_event
+            from gpuclaim.core.model import EventType
+
+            me = this_account()
+            more = {"account": self.job.account, "uid": self.job.uid, "why": why}
+            event = job_event(EventType.REFUSED, self.job, self.store.now(), more)
+            self.store.append_event(replace(event, by=me.name))
+        return why
 
     def _on_hangup(self, signum: int, frame: Any) -> None:
         # The tmux session or server went away: stop the job rather than leave it unmanaged.

@@ -9,6 +9,7 @@ Layout::
     <root>/reservations/<id>.json  a booking of GPUs for a future window; ended/ the past ones
     <root>/jobs/<id>.json      a job's record; <id>.array an array's, <id>.ended/<i> its ended tasks
     <root>/jobs/archive/       finished job records a day old, moved in batches (.jsonl)
+    <root>/owners/<uid>/       each account's own (0755): what its jobs run (store/owners.py)
     <root>/tmp/ trash/ corrupt/
 
 The contract (README, "How claims stay correct"):
@@ -28,7 +29,8 @@ The contract (README, "How claims stay correct"):
 ``filelock`` guards only what is host-local: appends to this host's event log.
 
 One module per concern (``layout``, ``claims``, ``bookings``, ``records``, ``archive``,
-``arrays``, ``queue``, ``usage``, ``notices``, ``drains``, ``events``, ``sweep``; files and
+``arrays``, ``queue``, ``owners``, ``usage``, ``notices``, ``drains``, ``events``,
+``sweep``; files and
 locks in ``files`` and ``base``), joined here into ``ClaimStore``. The interface the rest of
 gpuclaim uses is ``interface.Store``, written once.
 """
@@ -69,7 +71,7 @@ class ClaimStore(
     BookingsPart,
     ClaimsPart,
     SweepPart,
-    JobRecordsPart,
+    JobRecordsPart,  # with OwnersPart, the specs it writes
     JobArchivePart,
     ArraysPart,
     QueuePart,

@@ -158,6 +158,12 @@ class StoreBase:
         except OSError as exc:
             raise storage_error(self.root, exc) from exc
 
+    def lock_held(self, name: str) -> bool:
+        """Whether someone alive holds ``try_lock(name)`` (a queue keeper: refreshed while
+        it lives)."""
+        lock = self._p("locks", f"{_safe(name)}.lock")
+        return lock.exists() and not self._lock_abandoned(lock)
+
     def _lock_abandoned(self, lock: Path) -> bool:
         try:
             with open(lock, "rb") as fh:

@@ -9,7 +9,6 @@ from typing import Any, Optional
 from gpuclaim.core.errors import ConflictError, StoreError
 from gpuclaim.core.model import Job, JobUpdate
 from gpuclaim.core.states import JobState, check_transition
-from gpuclaim.store.base import StoreBase
 from gpuclaim.store.files import (
     _beater,
     _discard,
@@ -19,17 +18,21 @@ from gpuclaim.store.files import (
     _unlink_quiet,
     storage_error,
 )
+from gpuclaim.store.owners import OwnersPart
 
 
-class JobRecordsPart(StoreBase):
-    def create_job(self, job: Job) -> None:
-        """Publish a new job record; its id must be new."""
+class JobRecordsPart(OwnersPart):
+    def create_job(self, job: Job) -> Job:
+        """Publish a new job record; its id must be new. A job that names no account yet
+        becomes this account's, its spec written first (``store/owners.py``)."""
+        job = self._own_spec(job)
         tmp = self._stage(_encode(job.to_dict()))
         try:
             if not _link_exclusive(tmp, self._p("jobs", f"{job.id}.json")):
                 raise ConflictError(f"job {job.id} exists already")
         finally:
             _discard(tmp)
+        return job
 
     def load_job(self, job_id: str) -> Optional[Job]:
         """The job's record; None if there is none. One that is there but unreadable, or

@@ -1,0 +1,60 @@
+"""A job runs only as the account that submitted it: what a dispatcher does with a job that
+is not its account's (leaves it to the owner's keeper, and says so), and with one its
+account's spec does not vouch for (refuses it, and logs that).
+
+Standard library only: wrappers and keepers dispatch from the nodes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from gpuclaim.core.accounts import Account, keeper_lock, owner_name
+from gpuclaim.core.events import job_event
+from gpuclaim.core.model import EventType, Job, iso
+from gpuclaim.core.states import JobState, ReasonCode
+from gpuclaim.engine.queue_reasons import Reason
+from gpuclaim.store import Store
+
+
+def store_account(store: Store) -> Account:
+    """The account this process writes the store as: the one whose jobs it may start."""
+    return Account.from_dict(store.whoami())
+
+
+def keeper_nodes(store: Store, job: Job, nodes: list[str]) -> list[str]:
+    """The nodes among ``nodes`` where the job's owner has a live queue keeper."""
+    if job.uid is None:
+        return []
+    return [n for n in nodes if store.lock_held(name=keeper_lock(n, job.uid))]
+
+
+def owners_turn(job: Job, nodes: list[str], keepers: list[str]) -> Reason:
+    """Why a job that fits waits: only its owner's processes may start it."""
+    who = owner_name(job)
+    if keepers:
+        return Reason(ReasonCode.OWNER, f"{who}'s keeper on {keepers[0]} starts it")
+    where = nodes[0] if len(nodes) == 1 else "/".join(nodes[:3])
+    return Reason(
+        ReasonCode.OWNER,
+        f"waits for {who}'s keeper on {where}; {who}'s next gpuclaim command starts it",
+    )
+
+
+def refuse(store: Store, job: Job, why: str, by: Account, entry: Optional[str] = None) -> bool:
+    """A job this account must not run (its spec is missing, not its owner's alone, or says
+    otherwise: forged?): it never runs, it ends failed with the reason, the event log and
+    ``doctor`` say so. True when this call ended it."""
+    now = store.now()
+    result = store.update_job(
+        job_id=job.id,
+        changes={"state": JobState.FAILED, "ended": iso(now), "reason": f"refused: {why}"},
+        only_from=[JobState.QUEUED, JobState.STARTING],
+    )
+    if entry is not None:
+        store.finish_queue_entry(name=entry)
+    if not result.applied:
+        return False
+    more = {"account": job.account, "uid": job.uid, "refused_by": by.name, "why": why}
+    store.append_event(replace(job_event(EventType.REFUSED, result.job, now, more), by=by.name))
+    return True
