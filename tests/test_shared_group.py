@@ -167,8 +167,17 @@ def _wait_job(c: GroupCluster, name: str, user: str, states: set[str]) -> dict[s
 
 
 def _not_group_shared(root: Path) -> list[str]:
+    """Every path not group-shared, except an account's own directory (``owners/<uid>``):
+    that one must be its account's alone (0755, files 0644), or it proves nothing."""
     wrong = []
+    for own in (root / "owners").glob("*"):
+        uid = int(own.name)
+        for path in (own, *own.iterdir()):
+            st = path.stat()
+            if st.st_uid != uid or st.st_mode & 0o022:
+                wrong.append(f"{stat.filemode(st.st_mode)} uid {st.st_uid} {path}")
     for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d).parent != root / "owners"]
         for d in dirnames:
             mode = os.stat(os.path.join(dirpath, d)).st_mode
             if mode & 0o2070 != 0o2070:

@@ -198,6 +198,10 @@ class Testbed:
         self.without: tuple[str, ...] = tuple(info.get("without", ()))
         self.node_env: dict[str, dict[str, str]] = dict(info.get("node_env", {}))
         self.user: str = info.get("user") or pwd.getpwuid(os.getuid()).pw_name
+        # real Unix accounts that log in to every node with keys of their own (made by the
+        # caller: useradd), each with its HOME per node, or one for all nodes (NFS-style)
+        self.accounts: tuple[str, ...] = tuple(info.get("accounts", ()))
+        self.shared_homes: bool = bool(info.get("shared_homes", False))
         self.ports: dict[str, int] = {k: int(v) for k, v in info.get("ports", {}).items()}
         self.proxy_ports: dict[str, int] = {
             k: int(v) for k, v in info.get("proxy_ports", {}).items()
@@ -223,13 +227,28 @@ class Testbed:
         """The node's sessions' HOME."""
         return Path(self.node_env.get(name, {}).get("HOME") or self.node_dir(name) / "home")
 
+    def account_home(self, node: str, account: str) -> Path:
+        """An account's HOME on a node: its own per node, or one for every node."""
+        if self.shared_homes:
+            return self.dir / "homes" / account
+        return self.node_dir(node) / "homes" / account
+
+    def account_identity(self, account: str) -> Path:
+        return self.dir / "client" / account / "id_ed25519"
+
+    def account_ssh_config(self, account: str) -> Path:
+        return self.dir / f"ssh_config.{account}"
+
     def log_path(self, name: str) -> Path:
         """The node's sshd log (``-E``); the jump host logs at DEBUG1."""
         return self.node_dir(name) / "sshd.log"
 
-    def env(self, delayed: bool = False) -> dict[str, str]:
-        """Environment variables for a gpuclaim client process that should use this testbed."""
+    def env(self, delayed: bool = False, account: Optional[str] = None) -> dict[str, str]:
+        """Environment variables for a gpuclaim client process that should use this testbed
+        (as ``account``, one of ``accounts``: its own ssh config, key and login)."""
         config = self.ssh_config_delayed if delayed else self.ssh_config
+        if account is not None:
+            config = self.account_ssh_config(account)
         if config is None:
             raise TestbedError("this testbed has no delay proxy (up with delay_ms > 0)")
         return {
@@ -251,12 +270,16 @@ class Testbed:
         nvml: bool = False,
         without: tuple[str, ...] = (),
         node_env: Optional[dict[str, dict[str, str]]] = None,
+        accounts: tuple[str, ...] = (),
+        shared_homes: bool = False,
     ) -> Testbed:
         """Start ``n`` nodes of ``gpus`` GPUs each; a failure tears down what it started.
         With ``nvml``, the nodes' Python also finds the simulated GPUs' NVML face as
         ``pynvml`` (a node with a driver); else they have only ``nvidia-smi``. ``node_env``
         sets more of a node's sessions' environment, by node (``HOME``: a home elsewhere,
-        made with its ``.bashrc``)."""
+        made with its ``.bashrc``). ``accounts``: real Unix accounts (they must exist) that
+        log in to every node as themselves, each with a key and a HOME of its own per node
+        (one HOME for all nodes with ``shared_homes``); ``env(account=...)`` is theirs."""
         if n < 1 or gpus < 0 or delay_ms < 0:
             raise TestbedError(f"bad testbed size: n={n} gpus={gpus} delay_ms={delay_ms}")
         require_tools()
@@ -275,6 +298,8 @@ class Testbed:
             "nvml": nvml,
             "without": list(without),
             "node_env": node_env or {},
+            "accounts": list(accounts),
+            "shared_homes": shared_homes,
             "user": pwd.getpwuid(os.getuid()).pw_name,
             "created_by": os.getpid(),
         }
@@ -324,6 +349,8 @@ class Testbed:
             home = self.home_of(name)
             home.mkdir(parents=True, exist_ok=True)
             (home / ".bashrc").write_text("# testbed node home\n")
+        if self.accounts:
+            self._make_account_dirs()
         self._write_state()
         smi = self.dir / "bin" / "nvidia-smi"
         shutil.copyfile(FAKE_SMI, smi)
@@ -342,6 +369,24 @@ class Testbed:
             self._start_proxy()
         self._write_client_files()
 
+    def _make_account_dirs(self) -> None:
+        """What other accounts need: a way in (0755 down to what they use), a tmux socket
+        directory they share as /tmp is shared (1777), and homes of their own."""
+        for path in (self.dir, self.dir / "bin", self.dir / "client", self.dir / "nodes"):
+            path.chmod(0o755)
+        for name in self.hosts:
+            self.node_dir(name).chmod(0o755)
+            (self.node_dir(name) / "run").chmod(0o1777)
+            for account in self.accounts:
+                home = self.account_home(name, account)
+                home.mkdir(parents=True, exist_ok=True)
+                (home / ".bashrc").write_text("# testbed account home\n")
+                entry = pwd.getpwnam(account)
+                for path in (home, home / ".bashrc"):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+                home.chmod(0o700)
+                home.parent.chmod(0o755)
+
     def _write_state(self) -> None:
         nodes = {
             name: {"gpus": [dict(DEFAULT_GPU) for _ in range(self.gpus)]}
@@ -351,9 +396,13 @@ class Testbed:
         _write_atomic(self.state_path, json.dumps(state, indent=1))
 
     def _make_keys(self) -> None:
-        jobs = [(self.identity, "testbed-client")] + [
-            (self.node_dir(h) / "ssh_host_ed25519_key", h) for h in self.hosts
-        ]
+        for account in self.accounts:
+            self.account_identity(account).parent.mkdir(exist_ok=True)
+        jobs = (
+            [(self.identity, "testbed-client")]
+            + [(self.account_identity(a), a) for a in self.accounts]
+            + [(self.node_dir(h) / "ssh_host_ed25519_key", h) for h in self.hosts]
+        )
         procs = [
             subprocess.Popen(
                 [
@@ -380,6 +429,17 @@ class Testbed:
                 raise TestbedError(f"ssh-keygen failed: {err.decode(errors='replace')}")
         pub = Path(f"{self.identity}.pub").read_text()
         (self.dir / "client" / "authorized_keys").write_text(pub)
+        if self.accounts:  # one authorized_keys per login (%u), each account its own key
+            (self.dir / "client" / f"authorized_keys.{self.user}").write_text(pub)
+            for account in self.accounts:
+                key = self.account_identity(account)
+                (self.dir / "client" / f"authorized_keys.{account}").write_text(
+                    Path(f"{key}.pub").read_text()
+                )
+                entry = pwd.getpwnam(account)
+                for path in (key.parent, key, Path(f"{key}.pub")):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+                key.parent.chmod(0o700)
 
     def _warn_if_locked(self) -> None:
         # with UsePAM no, sshd refuses a user whose shadow password starts with "!"
@@ -410,7 +470,10 @@ class Testbed:
             f"HostKey {ndir / 'ssh_host_ed25519_key'}",
             # written only after the listen socket is bound: the readiness signal
             f"PidFile {ndir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'client' / 'authorized_keys'}",
+            "AuthorizedKeysFile "
+            + str(
+                self.dir / "client" / ("authorized_keys.%u" if self.accounts else "authorized_keys")
+            ),
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -429,10 +492,22 @@ class Testbed:
             "Subsystem sftp internal-sftp",
             # DEBUG1 on the jump host logs each direct-tcpip hop, which tests look for
             f"LogLevel {'DEBUG1' if name == self.jump_host else 'INFO'}",
-            "SetEnv " + " ".join(f"{k}={v}" for k, v in node_env.items()),
         ]
         if penalties:  # OpenSSH >= 9.8 would otherwise lock out a test that fails logins
             lines.append("PerSourcePenalties no")
+        if not self.accounts:
+            lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in node_env.items()))
+            return "\n".join(lines) + "\n"
+        # Each login its own HOME: in a Match block of its own (a global SetEnv would be the
+        # one sshd keeps), the node's environment repeated in each
+        for user in (self.user, *self.accounts):
+            env = dict(node_env)
+            if user != self.user:
+                env["HOME"] = str(self.account_home(name, user))
+            lines += [
+                f"Match User {user}",
+                "    SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
+            ]
         return "\n".join(lines) + "\n"
 
     def _supports_penalties(self) -> bool:
@@ -574,7 +649,13 @@ class Testbed:
             )
             lines.append(",".join(f"[127.0.0.1]:{p}" for p in ports) + f" {pub}\n")
         self.known_hosts.write_text("".join(lines))
+        self.known_hosts.chmod(0o644)
         _write_atomic(self.ssh_config, self._ssh_config_text(self.ports))
+        for account in self.accounts:
+            _write_atomic(
+                self.account_ssh_config(account),
+                self._ssh_config_text(self.ports, account),
+            )
         if self.ssh_config_delayed is not None:
             # the jump host is reached through the proxy, hidden01 from the jump host directly
             delayed = {**self.ports, **self.proxy_ports}
@@ -589,7 +670,7 @@ class Testbed:
             self.dir / "env", "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         )
 
-    def _ssh_config_text(self, ports: dict[str, int]) -> str:
+    def _ssh_config_text(self, ports: dict[str, int], account: Optional[str] = None) -> str:
         out = [f"# gpuclaim testbed {self.dir}: ssh -F <this file> node01 ..."]
         for name in self.hosts:
             out += [f"Host {name}", "    HostName 127.0.0.1", f"    Port {ports[name]}"]
@@ -598,8 +679,8 @@ class Testbed:
         patterns = "node*" + (f" {self.jump_host} hidden*" if self.jump_host else "")
         out += [
             f"Host {patterns}",
-            f"    User {self.user}",
-            f"    IdentityFile {self.identity}",
+            f"    User {account or self.user}",
+            f"    IdentityFile {self.account_identity(account) if account else self.identity}",
             "    IdentitiesOnly yes",
             f"    UserKnownHostsFile {self.known_hosts}",
             "    GlobalKnownHostsFile /dev/null",

@@ -30,6 +30,8 @@ class MakeTestbed(Protocol):
         nvml: bool = False,
         without: tuple[str, ...] = (),
         node_env: Optional[dict[str, dict[str, str]]] = None,
+        accounts: tuple[str, ...] = (),
+        shared_homes: bool = False,
     ) -> Testbed: ...
 
 
@@ -46,6 +48,8 @@ def make_testbed() -> Iterator[MakeTestbed]:
         nvml: bool = False,
         without: tuple[str, ...] = (),
         node_env: Optional[dict[str, dict[str, str]]] = None,
+        accounts: tuple[str, ...] = (),
+        shared_homes: bool = False,
     ) -> Testbed:
         try:
             tb = Testbed.up(
@@ -56,6 +60,8 @@ def make_testbed() -> Iterator[MakeTestbed]:
                 nvml=nvml,
                 without=without,
                 node_env=node_env,
+                accounts=accounts,
+                shared_homes=shared_homes,
             )
         except MissingTool as exc:
             missing = str(exc)

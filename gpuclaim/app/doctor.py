@@ -9,7 +9,7 @@ from typing import Any, Optional
 from gpuclaim.core.config import Config, NodeConfig, parse_storage_url
 from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.fanout import fan_out
-from gpuclaim.core.model import NodeInventory
+from gpuclaim.core.model import EventType, NodeInventory
 from gpuclaim.core.protocol import DOCTOR, DoctorRequest, DoctorResponse
 from gpuclaim.engine.channel import ask
 from gpuclaim.engine.cluster import NodeProber
@@ -71,6 +71,33 @@ def run_doctor(config: Config, store: Store, prober: NodeProber) -> list[NodeHea
             health.path = _path_to(prober, by_name[name])
         report.append(health)
     return report
+
+
+REFUSALS_SHOWN_S = 30 * 86400.0  # refused jobs of the last 30 days
+
+
+def store_problems(store: Store) -> list[tuple[str, str]]:
+    """What in the store could not prove who runs what (``store/owners.py``): files in an
+    account's directory that are not its own, and jobs refused lately, with who wrote them."""
+    problems = [
+        (f"{line}", "remove it: only its account may write there (gpuclaim refuses it)")
+        for line in store.misowned_specs()
+    ]
+    events, _ = store.read_events()
+    since = store.now() - REFUSALS_SHOWN_S
+    for e in events:
+        if e.type != EventType.REFUSED or e.ts < since:
+            continue
+        job_id = e.extra.get("job_id")
+        problems.append(
+            (
+                f"job {job_id} ({e.extra.get('job')}) naming {e.extra.get('account') or e.user}"
+                f" was refused by {e.by}: {e.extra.get('why')}",
+                "a record in the store that its account did not submit (forged?): see who "
+                f"wrote it with ls -l {store.root}/jobs/{job_id}.json",
+            )
+        )
+    return problems
 
 
 def _check(config: Config, prober: NodeProber, node: NodeConfig) -> tuple[DoctorResponse, float]:

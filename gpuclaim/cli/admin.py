@@ -158,12 +158,13 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
     """Check every node: SSH, python3, tmux, GPUs and driver, storage, clock, agent."""
-    from gpuclaim.app.doctor import run_doctor
+    from gpuclaim.app.doctor import run_doctor, store_problems
     from gpuclaim.cli import render
 
     st = state(ctx, looking=True)
     with waiting(f"checking {len(st.config.nodes)} node(s)"):
         report = run_doctor(st.config, st.store, st.prober)
+        stored = store_problems(st.store)
     slack: list[tuple[str, str]] = []
     if st.config.slack.webhook_url:
         from gpuclaim.engine.notify import slack_problems
@@ -179,14 +180,18 @@ def doctor(
                 console.print(f"[red]{h.node}[/red]: {problem}\n    fix: {fix}")
         for problem, fix in slack:
             console.print(f"[red]slack[/red]: {problem}\n    fix: {fix}")
+        for problem, fix in stored:
+            from rich.markup import escape
+
+            console.print(f"[red]store[/red]: {escape(problem)}\n    fix: {escape(fix)}")
         advice = _slurm_advice(st, report)
         if advice:
             console.print(advice)
-        if not any(h.problems for h in report):
+        if not any(h.problems for h in report) and not stored:
             console.print("All nodes look good.")
     if any(not h.reachable for h in report):
         raise typer.Exit(ExitCode.UNREACHABLE)
-    if any(h.problems for h in report) or slack:
+    if any(h.problems for h in report) or slack or stored:
         raise typer.Exit(ExitCode.ERROR)
 
 

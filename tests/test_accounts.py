@@ -1,0 +1,185 @@
+"""One Unix account per person ([accounts]): a job runs only as the account that submitted it.
+
+Two real accounts of one group log in to real sshd nodes with keys of their own and run the
+CLI as themselves; the store is the group's (2775). Nothing here sets ``GPUCLAIM_USER``: who
+someone is comes from the account alone. What is proven, through the CLI:
+
+* a job queued behind another account's job starts by itself, as its owner, within 3 s of
+  the other's end (from a private home and from a group-shared project directory);
+* a record another account writes naming you is never run by any of your processes, and
+  ``doctor`` reports it;
+* after a node reboot another account's look never starts your service; your next look does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lab import ACCOUNTS, ALICE, BOB, GROUP, Lab, ensure_accounts
+
+pytestmark = [pytest.mark.ssh, pytest.mark.root]
+pytest_plugins = ["testbed_fixtures"]
+
+
+@pytest.fixture(params=["per-node homes", "shared homes"])
+def lab(request: Any, make_testbed: Any, tmp_path_factory: Any) -> Iterator[Lab]:
+    ensure_accounts()
+    shared = request.param == "shared homes"
+    tb = make_testbed(2, 2, accounts=ACCOUNTS, shared_homes=shared)
+    root = tmp_path_factory.mktemp("lab")
+    for parent in [root, *root.parents]:  # the accounts must reach the lab's directory
+        if parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o755)
+    lab = Lab(root / "lab", tb)
+    try:
+        yield lab
+    finally:
+        for account in ACCOUNTS:  # their keepers, agents and jobs: by pid, theirs alone
+            for pid in lab.processes_of(account):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _log(lab: Lab, record: dict[str, Any]) -> str:
+    return lab.ok(record["account"], "logs", record["id"])
+
+
+WHO = ["sh", "-c", "echo account=$(id -un); echo dir=$(pwd)"]
+
+
+@pytest.mark.parametrize("where", ["private home", "shared project"])
+def test_a_queued_job_behind_another_accounts_starts_as_its_owner(lab: Lab, where: str) -> None:
+    cwd = lab.laptop_home(ALICE) if where == "private home" else lab.project
+    hold = lab.json(BOB, "run", "-n", "2", "--node", "node01", "--name", "hold", "--", "sleep", "4")
+    assert hold["state"] in ("starting", "running"), hold
+    queued = json.loads(
+        lab.ok(
+            ALICE, "run", "-n", "2", "--node", "node01", "--queue", "--name", "mine",
+            "--json", "--", *WHO, cwd=cwd,
+        )
+    )  # fmt: skip
+    assert queued["state"] == "queued" and queued["account"] == ALICE, queued
+    assert queued["uid"] == lab.uid(ALICE)
+    # meanwhile, bob's look says whose it is to start once it fits: nobody's but alice's
+    ended = lab.wait_record(hold["id"], lambda r: r["state"] == "succeeded", 30)
+    done = lab.wait_record(queued["id"], lambda r: r["state"] == "succeeded", 30)
+    log = _log(lab, done)
+    assert f"account={ALICE}" in log and f"dir={cwd}" in log, log
+    handover = _ts(done["started"]) - _ts(ended["ended"])
+    print(f"hand-over from {BOB}'s job to {ALICE}'s queued one: {handover:.2f} s")
+    assert handover <= 3.0, (ended, done)
+    assert done["account"] == ALICE and ended["account"] == BOB
+
+
+def test_another_accounts_queued_job_waits_for_its_owner_and_says_so(lab: Lab) -> None:
+    hold = lab.json(
+        BOB, "run", "-n", "2", "--node", "node01", "--name", "hold", "--", "sleep", "60"
+    )
+    queued = lab.json(
+        ALICE, "run", "-n", "2", "--node", "node01", "--queue", "--name", "q", "--", "true"
+    )
+    # alice's keeper dies (her laptop closed long ago, the node lost it): nobody starts it
+    keepers = [p for p in lab.processes_of(ALICE) if b"keep-queue" in _cmdline(p)]
+    assert keepers, "alice's queue keeper on node01 is not running"
+    for pid in keepers:
+        os.kill(pid, signal.SIGKILL)
+    lab.ok(BOB, "kill", "hold")
+    lab.wait_record(hold["id"], lambda r: r["state"] == "killed", 20)
+    time.sleep(2.5)  # more than a keeper's poll: had anyone of bob's started it, it would run
+    assert lab.record(queued["id"])["state"] == "queued"
+    why = lab.ok(BOB, "why", "q")
+    assert f"waits for {ALICE}'s keeper on node01" in why, why
+    # her next command starts it, as her
+    lab.ok(ALICE, "jobs")
+    done = lab.wait_record(queued["id"], lambda r: r["state"] == "succeeded", 30)
+    assert done["account"] == ALICE
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+FORGER = r"""
+import sys, json
+from pathlib import Path
+from gpuclaim.core.model import Job
+from gpuclaim.core.priority import entry_name
+from gpuclaim.store import ClaimStore
+root, victim_uid, victim, target = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+store = ClaimStore(Path(root))
+job = Job("j-forged1", "forged", victim, ("touch", target), "queued", store.now(), 600.0,
+          gpus_per_node=1, node="node01", account=victim, uid=victim_uid)
+store.create_job(job)      # names alice: her uid, her login, no spec of hers
+store.enqueue(job.id, victim)
+# and one that points at a spec of alice's that says something else
+other = job.with_(id="j-forged2", name="forged2", spec=sys.argv[5])
+store.create_job(other)
+store.enqueue(other.id, victim)
+print("forged")
+"""
+
+
+def test_a_record_another_account_writes_naming_you_is_never_run(lab: Lab) -> None:
+    target = lab.root / "pwned"
+    mine = lab.json(ALICE, "run", "--node", "node01", "--name", "real", "--", "true")
+    lab.wait_record(mine["id"], lambda r: r["state"] == "succeeded", 30)
+    proc = subprocess.run(
+        [lab.python, "-c", FORGER, str(lab.storage), str(lab.uid(ALICE)), ALICE, str(target),
+         mine["id"]],
+        env=lab.env(BOB), user=BOB, group=GROUP, umask=0o022, capture_output=True, text=True,
+        cwd="/", timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # alice's next commands dispatch the queue: both forged jobs are refused, never run
+    lab.ok(ALICE, "run", "--node", "node01", "--name", "next", "--", "true")
+    lab.ok(ALICE, "jobs")
+    for job_id in ("j-forged1", "j-forged2"):
+        record = lab.wait_record(job_id, lambda r: r["state"] == "failed", 20)
+        assert record["reason"].startswith("refused: "), record
+    assert "never submitted it" in lab.record("j-forged1")["reason"]
+    assert f"is not what {ALICE} submitted" in lab.record("j-forged2")["reason"]
+    assert not target.exists()
+    doctor = lab.cli(ALICE, "doctor")
+    assert "refused" in doctor.stdout + doctor.stderr and "j-forged1" in doctor.stdout, doctor
+    # bob's own processes refuse them too: they are alice's, not his
+    lab.ok(BOB, "jobs")
+    assert not target.exists()
+
+
+def test_after_a_reboot_only_the_owners_look_starts_her_service(lab: Lab) -> None:
+    served = lab.json(
+        ALICE, "serve", "--node", "node01", "--name", "api", "--port", "auto",
+        "--", "sh", "-c", "exec python3 -m http.server --bind 127.0.0.1 $GPUCLAIM_PORT",
+    )  # fmt: skip
+    lab.wait_record(served["id"], lambda r: r["state"] == "running", 30)
+    lab.tb.reboot_node("node01")
+    time.sleep(1)
+    look = lab.cli(BOB, "status")
+    assert look.returncode == 0, look.stderr
+    assert f"started {ALICE}'s service" not in look.stderr, look.stderr
+    assert f"only {ALICE}'s account starts it again" in look.stderr, look.stderr
+    record = lab.record(served["id"])
+    assert record["restarts"] == 0, record
+    mine = lab.cli(ALICE, "status")
+    assert f"started {ALICE}'s service api again on node01" in mine.stderr, mine.stderr
+    back = lab.wait_record(served["id"], lambda r: r["restarts"] == 1, 10)
+    assert back["account"] == ALICE
