@@ -31,6 +31,7 @@ OWNERS = "owners"
 OWN_DIR_MODE = 0o755  # its account's alone: nobody else may add, replace or remove a spec
 SPEC_MODE = 0o644
 _FOREIGN_WRITE = 0o022  # group or others may write
+_MISSING = "does not exist"
 
 
 class OwnersPart(StoreBase):
@@ -97,6 +98,8 @@ class OwnersPart(StoreBase):
         spec_id = job.spec or job.id
         directory = self._p(OWNERS, str(me.uid))
         why = _not_own(directory, me, stat.S_ISDIR)
+        if why == _MISSING:
+            return f"{me.name} never submitted it (no {directory})"
         if why:
             return f"{directory} {why}"
         path = directory / f"{_safe(spec_id)}.json"
@@ -173,7 +176,7 @@ def _not_own(path: Path, me: Account, kind: Callable[[int], bool]) -> str:
     try:
         return _why_not(os.lstat(path), me, kind)
     except FileNotFoundError:
-        return "does not exist"
+        return _MISSING
     except OSError as exc:
         return f"cannot be read: {exc.strerror}"
 
