@@ -35,7 +35,7 @@ from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, WAITING, judge
 from gpuclaim.engine.fairshare import use_by_user
 from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, place_and_claim, start_ranks
-from gpuclaim.engine.owners import keeper_nodes, owners_turn, refuse, store_account
+from gpuclaim.engine.owners import not_ours, store_account
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
 from gpuclaim.engine.preempt import begin_handover, end_handovers, find_handover, yielding_to
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
@@ -221,25 +221,11 @@ class _Pass:
             first = next(b for b in blockers.values() if b is not None)
             return self._waits(job, nodes, reasons.priority(self._ahead_of(entry), first))
         if not runs_as(job, self.me) or self.store.check_job(job=job):
-            return self._not_ours(entry, job, nodes, allowed)
+            reason, keep = not_ours(self.store, job, self.me, entry.name, allowed)
+            return self._waits(job, nodes, reason) if reason and keep else reason
         failed = self._claim_and_start(entry, job, allowed)
         if failed is not None:
             return self._waits(job, nodes, failed)
-        return None
-
-    def _not_ours(
-        self, entry: QueueEntry, job: Job, nodes: list[str], allowed: list[str]
-    ) -> Optional[Reason]:
-        """A job that fits but that this account must not start: another account's waits for
-        its owner's keeper (its GPUs kept from later jobs while that keeper lives); one of
-        this account's that its spec does not vouch for is refused (None: it left the queue)."""
-        if job.uid is not None and not runs_as(job, self.me):
-            keepers = keeper_nodes(self.store, job, allowed)
-            reason = owners_turn(job, allowed, keepers)
-            return self._waits(job, nodes, reason) if keepers else reason
-        why = self.store.check_job(job=job) or "it names no account"
-        if self.store.take_queue_entry(name=entry.name):
-            refuse(self.store, job, why, self.me, entry.name)
         return None
 
     def _preempt_for(self, job: Job, nodes: list[str], duration: float) -> Optional[Reason]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from gpuclaim.core.accounts import Account, keeper_lock, owner_name
+from gpuclaim.core.accounts import Account, keeper_lock, owner_name, runs_as
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import EventType, Job, iso
 from gpuclaim.core.states import JobState, ReasonCode
@@ -58,3 +58,19 @@ def refuse(store: Store, job: Job, why: str, by: Account, entry: Optional[str] =
     more = {"account": job.account, "uid": job.uid, "refused_by": by.name, "why": why}
     store.append_event(replace(job_event(EventType.REFUSED, result.job, now, more), by=by.name))
     return True
+
+
+def not_ours(
+    store: Store, job: Job, me: Account, entry: str, allowed: list[str]
+) -> tuple[Optional[Reason], bool]:
+    """A job that fits but that this account must not start (dispatch): another account's
+    waits for its owner's keeper, its GPUs kept from later jobs (True) while that keeper
+    lives; one of this account's that its spec does not vouch for is refused (no reason: it
+    left the queue)."""
+    if job.uid is not None and not runs_as(job, me):
+        keepers = keeper_nodes(store, job, allowed)
+        return owners_turn(job, allowed, keepers), bool(keepers)
+    why = store.check_job(job=job) or "it names no account"
+    if store.take_queue_entry(name=entry):
+        refuse(store, job, why, me, entry)
+    return None, False
