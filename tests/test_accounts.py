@@ -40,7 +40,7 @@ def lab(request: Any, make_testbed: Any, tmp_path_factory: Any) -> Iterator[Lab]
         if parent == Path("/"):
             break
         parent.chmod(parent.stat().st_mode | 0o755)
-    lab = Lab(root / "lab", tb)
+    lab = Lab(root / "lab", tb, extra_toml='\n[queue]\npreempt_grace = "2s"\n')
     try:
         yield lab
     finally:
@@ -183,3 +183,52 @@ def test_after_a_reboot_only_the_owners_look_starts_her_service(lab: Lab) -> Non
     assert f"started {ALICE}'s service api again on node01" in mine.stderr, mine.stderr
     back = lab.wait_record(served["id"], lambda r: r["restarts"] == 1, 10)
     assert back["account"] == ALICE
+
+
+def test_kill_force_and_extend_across_accounts_take_effect_through_the_store(lab: Lab) -> None:
+    job = lab.json(ALICE, "run", "--node", "node01", "--name", "long", "--", "sleep", "300")
+    lab.wait_record(job["id"], lambda r: r["state"] == "running", 30)
+    # a name is only shown: bob calling himself alice still is not alice's account
+    spoof = subprocess.run(
+        [lab.python, "-m", "gpuclaim", "kill", "long"],
+        env=lab.env(BOB, GPUCLAIM_USER=ALICE), user=BOB, group=GROUP, umask=0o022,
+        capture_output=True, text=True, cwd="/", timeout=60,
+    )  # fmt: skip
+    assert spoof.returncode == 3 and f"belongs to the account {ALICE}" in spoof.stderr, spoof
+    lab.ok(ALICE, "extend", "long", "--time", "1h")
+    assert lab.record(job["id"])["time_limit_s"] > 3600
+    plain = lab.cli(BOB, "kill", "long")
+    assert plain.returncode == 1 and f"no job 'long' of {BOB}" in plain.stderr, plain.stderr
+    asked = time.monotonic()
+    lab.ok(BOB, "kill", "--force", "long")
+    done = lab.wait_record(job["id"], lambda r: r["state"] == "killed", 10)
+    took = time.monotonic() - asked
+    print(f"{BOB}'s kill --force of {ALICE}'s job took effect in {took:.2f} s")
+    assert took <= 2.5, done  # the CLI's own start included
+    events = [
+        json.loads(line)
+        for log in (lab.storage / "events").glob("*.jsonl")
+        for line in log.read_text().splitlines()
+    ]
+    forced = [e for e in events if e["type"] == "force-kill" and e["extra"]["job_id"] == job["id"]]
+    assert forced and forced[0]["by"] == BOB, forced
+
+
+def test_a_requeued_job_and_a_dependant_across_accounts_run_as_their_owners(lab: Lab) -> None:
+    prep = lab.json(
+        BOB, "run", "-n", "2", "--node", "node01", "--preemptible", "--requeue",
+        "--name", "prep", "--", "sh", "-c", "echo account=$(id -un); sleep 6",
+    )  # fmt: skip
+    lab.wait_record(prep["id"], lambda r: r["state"] == "running", 30)
+    after = lab.json(ALICE, "run", "--node", "node01", "--queue", "--after", prep["id"],
+                     "--name", "next", "--", *WHO)  # fmt: skip
+    # alice claims bob's GPUs: his scavenger yields and goes back to the queue, as his
+    claim = lab.json(ALICE, "claim", "-n", "2", "--node", "node01")
+    first = lab.wait_record(prep["id"], lambda r: r["state"] == "preempted", 30)
+    rerun_id = first["requeued_as"]
+    assert rerun_id and lab.record(rerun_id)["account"] == BOB
+    lab.ok(ALICE, "release", claim["id"] if isinstance(claim, dict) else claim[0]["id"])
+    rerun = lab.wait_record(rerun_id, lambda r: r["state"] == "succeeded", 40)
+    assert f"account={BOB}" in _log(lab, rerun)
+    done = lab.wait_record(after["id"], lambda r: r["state"] == "succeeded", 30)
+    assert f"account={ALICE}" in _log(lab, done)

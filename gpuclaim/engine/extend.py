@@ -18,6 +18,7 @@ from gpuclaim.core.states import GpuState, ended
 from gpuclaim.engine.bookings import blocked_message, blocking
 from gpuclaim.engine.claims import booked_meanwhile
 from gpuclaim.engine.job_records import find_job
+from gpuclaim.engine.owners import check_own
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 
@@ -73,6 +74,7 @@ def extend_job(
     booking follows it) leaves the others and the limit as they were."""
     if job.user != user:
         raise ConflictError(f"job {job.name} belongs to {job.user}; only they can extend it")
+    check_own(store, job, "extend")
     if ended(job.state):
         raise ConflictError(f"job {job.name} has ended ({job.state}); it cannot be extended")
     service = job.service is not None

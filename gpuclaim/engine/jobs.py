@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuclaim.core.accounts import owner_name
 from gpuclaim.core.config import Config, NodeConfig
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.errors import (
@@ -49,7 +48,7 @@ from gpuclaim.engine.launch import (
     start_keepers,
     start_ranks,
 )
-from gpuclaim.engine.owners import store_account
+from gpuclaim.engine.owners import check_own
 from gpuclaim.engine.preempt import Say
 from gpuclaim.engine.services import settle_port
 from gpuclaim.engine.sync import SyncPlan, push_copies
@@ -316,12 +315,8 @@ def kill_job(
     job = find_job(store, user, name) if not force else _find_any(store, name)
     if job.user != user and not force:
         raise ConflictError(f"job {job.name} belongs to {job.user}", hint="use --force (logged)")
-    if not force and job.uid is not None and job.uid != store_account(store).uid:
-        # a name is only shown (GPUCLAIM_USER): the account is who owns the job
-        raise ConflictError(
-            f"job {job.name} belongs to the account {owner_name(job)}",
-            hint="use --force (logged)",
-        )
+    if not force:
+        check_own(store, job, "kill", hint="use --force (logged)")
     if job.state not in ACTIVE_JOB_STATES:
         raise GpuclaimError(f"job {job.name} already ended ({job.state})")
     if job.user != user:  # --force on someone else's job: on the record, and on Slack

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Optional
 
 from gpuclaim.core.accounts import Account, keeper_lock, owner_name, runs_as
+from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.events import job_event
 from gpuclaim.core.model import EventType, Job, iso
 from gpuclaim.core.states import JobState, ReasonCode
@@ -20,6 +21,16 @@ from gpuclaim.store import Store
 def store_account(store: Store) -> Account:
     """The account this process writes the store as: the one whose jobs it may start."""
     return Account.from_dict(store.whoami())
+
+
+def check_own(store: Store, job: Job, action: str, hint: str = "") -> None:
+    """A job another account owns cannot be acted on as one's own: a name is only shown
+    (``GPUCLAIM_USER``), the account is who owns it. ConflictError (exit 3) otherwise."""
+    if job.uid is not None and job.uid != store_account(store).uid:
+        raise ConflictError(
+            f"job {job.name} belongs to the account {owner_name(job)}; only it can {action} it",
+            hint=hint,
+        )
 
 
 def keeper_nodes(store: Store, job: Job, nodes: list[str]) -> list[str]:
