@@ -232,3 +232,52 @@ def test_a_requeued_job_and_a_dependant_across_accounts_run_as_their_owners(lab:
     assert f"account={BOB}" in _log(lab, rerun)
     done = lab.wait_record(after["id"], lambda r: r["state"] == "succeeded", 30)
     assert f"account={ALICE}" in _log(lab, done)
+
+
+def _as_root(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    """The lab's admin: the account that owns the store's directory (root here)."""
+    env = {**lab.env(ALICE), "HOME": str(lab.root)}
+    return subprocess.run(
+        [lab.python, "-m", "gpuclaim", *args], env=env, capture_output=True, text=True,
+        cwd="/", timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_the_labs_policy_holds_in_every_process_whatever_each_config_says(lab: Lab) -> None:
+    # bob's own config has no limit; the lab's policy, set by the store's owner, says 2
+    loose = lab.root / "bob.toml"
+    loose.write_text(
+        lab.config_path.read_text().replace("[defaults]", "[defaults]\nmax_gpus_per_user = 0", 1)
+    )
+    loose.chmod(0o644)
+    refused = lab.cli(ALICE, "policy", "set", "defaults.max_gpus_per_user", "8")
+    assert refused.returncode != 0 and "sets the lab's policy" in refused.stderr, refused
+    said = _as_root(lab, "policy", "set", "defaults.max_gpus_per_user", "2")
+    assert said.returncode == 0, said.stderr
+    bad = _as_root(lab, "policy", "set", "defaults.nonsense", "2")
+    assert bad.returncode == 2 and "not a lab policy key" in bad.stderr, bad
+    shown = lab.json(BOB, "policy", "show")
+    assert shown["policy"] == {"defaults": {"max_gpus_per_user": 2}}, shown
+    proc = subprocess.run(
+        [lab.python, "-m", "gpuclaim", "run", "--array", "0-3", "--name", "sweep", "--json",
+         "--", "sleep", "3"],
+        env=lab.env(BOB, GPUCLAIM_CONFIG=str(loose)), user=BOB, group=GROUP, umask=0o022,
+        capture_output=True, text=True, cwd="/", timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # bob's CLI, his wrappers and his keepers: never more than 2 of his GPUs at once
+    most, deadline = 0, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        records = [
+            json.loads(p.read_text())
+            for p in (lab.storage / "jobs").glob("a-*.json")
+            if p.name.count(".") == 1
+        ]
+        running = [r for r in records if r["state"] in ("starting", "running")]
+        most = max(most, len(running))
+        if len(records) == 4 and all(r["state"] == "succeeded" for r in records):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(records)
+    assert most == 2, most

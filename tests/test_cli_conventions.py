@@ -56,6 +56,8 @@ NO_JSON = {
     ("metrics",): "Prometheus's own text format (status --json has the data)",
     ("export", "slurm"): "writes files and names them",
     ("export", "sbatch"): "prints a script",
+    ("policy", "set"): "changes one key and says so (policy show --json has the data)",
+    ("policy", "unset"): "changes one key and says so (policy show --json has the data)",
 }
 # Commands that act take -q/--quiet: nothing but errors, the exit code says the rest.
 QUIET = {

@@ -83,6 +83,9 @@ def store_problems(store: Store) -> list[tuple[str, str]]:
         (f"{line}", "remove it: only its account may write there (gpuclaim refuses it)")
         for line in store.misowned_specs()
     ]
+    policy = store.policy_problem()
+    if policy:
+        problems.append((policy, "the store's owner rewrites it: gpuclaim policy set KEY VALUE"))
     events, _ = store.read_events()
     since = store.now() - REFUSALS_SHOWN_S
     for e in events:

@@ -34,6 +34,7 @@ from gpuclaim.engine.jobs import (
     take_out_of_queue,
 )
 from gpuclaim.engine.launch import NodeOps, nodes_for, start_keepers
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.sync import push_copies
 from gpuclaim.store import Store
 
@@ -76,6 +77,7 @@ def submit_array(
     """Queue every task, start those that fit now, and return at once: the rest start as
     GPUs free up, from the nodes (job wrappers, keepers), with no call from here."""
     req = areq.run
+    config = lab_config(config, store)
     time_s = checked_time(config, req)
     name = checked_name(store, req)
     after = resolve_after(store, req.user, req.after, req.after_any, name)

@@ -25,6 +25,7 @@ from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import ClaimedGpu, Event, EventType, NodeInventory
 from gpuclaim.core.states import GpuState
 from gpuclaim.core.when import format_when
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.store import Snapshot, Store
 
 RACE_RETRIES = 8
@@ -85,6 +86,7 @@ def make_booking(
     """Book what ``req`` asks for, all or nothing. ``gpus_of``: each candidate node's GPUs
     (from a probe). Raises UsageError for a window the limits refuse, NeverFitsError for
     more GPUs than a node has, ConflictError when bookings or claims are in the way."""
+    config = lab_config(config, store)
     now = store.now()
     # whole seconds: a window shown back (ISO, to the millisecond) names it exactly
     req = dataclasses.replace(req, start=float(round(req.start)), end=float(round(req.end)))

@@ -40,6 +40,7 @@ from gpuclaim.engine.placement import (
     pick_free,
     usable_rows,
 )
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.preempt import (
     Handover,
     HandoverLost,
@@ -104,6 +105,7 @@ def claim_gpus(
     """Claim what ``req`` asks for, all or nothing; raises ConflictError if it cannot now.
     With ``say`` (a caller that can wait), GPUs held by preemptible jobs count too: they are
     asked to yield, ``say`` tells for whom it waits, and the claim gets exactly their GPUs."""
+    config = lab_config(config, store)
     duration = _checked_duration(config, req.duration_s, req.service)
     booked = None
     if req.reservation:

@@ -37,6 +37,7 @@ from gpuclaim.engine.fairshare import use_by_user
 from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, place_and_claim, start_ranks
 from gpuclaim.engine.owners import not_ours, store_account
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.preempt import begin_handover, end_handovers, find_handover, yielding_to
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
 from gpuclaim.engine.queue_reasons import Reason
@@ -92,6 +93,7 @@ def judge_queue(
 ) -> QueueReport:
     """One pass over the queue in priority order: what started, and (with ``every``, else as
     far as the pass needed to look) why each other job waits."""
+    config = lab_config(config, store)
     if only_node is not None:
         config = config.seen_from(only_node)
     entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]

@@ -19,6 +19,7 @@ from gpuclaim.engine.bookings import blocked_message, blocking
 from gpuclaim.engine.claims import booked_meanwhile
 from gpuclaim.engine.job_records import find_job
 from gpuclaim.engine.owners import check_own
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.store import ClaimStatus, Snapshot, Store
 
 
@@ -40,6 +41,7 @@ def extend_claims(
 ) -> Extension:
     """Add ``extra_s`` to one's own live claims (or jobs, by name: a claim of a job extends
     the job), keeping each within the cluster's limit."""
+    config = lab_config(config, store)
     snap = store.snapshot()
     if extend_all:
         chosen = [s for s in snap.claims.values() if s.claim.user == user]

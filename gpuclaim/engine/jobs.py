@@ -49,6 +49,7 @@ from gpuclaim.engine.launch import (
     start_ranks,
 )
 from gpuclaim.engine.owners import check_own
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.preempt import Say
 from gpuclaim.engine.services import settle_port
 from gpuclaim.engine.sync import SyncPlan, push_copies
@@ -195,6 +196,7 @@ def submit_job(
     waits ``--after`` another). Without ``queue``, nothing free means ConflictError (exit 3)
     and no job is left behind; a name already used by a running or queued job of the user's
     is NameInUseError (exit 5). With ``say``, it may wait for preemptible jobs to yield."""
+    config = lab_config(config, store)
     if req.reservation:
         req = in_booking(config, store, req)
     time_s = checked_time(config, req)

@@ -11,6 +11,7 @@ from gpuclaim.core.records import UsageSummary
 from gpuclaim.core.states import GpuState
 from gpuclaim.engine.cluster import ClusterView
 from gpuclaim.engine.idle import apply_policy, sample_view
+from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.services import Revival, revive_services
 from gpuclaim.store import Store
 
@@ -35,6 +36,7 @@ def follow_up_look(
     """Record what the look found: jobs found lost, the usage it saw, the idle policy, Slack
     notices; with ``ops``, start the services found down on nodes that answered."""
     revival = Revival()
+    config = lab_config(config, store)  # the lab's idle policy, whoever looks
     try:
         for status in view.snapshot.claims.values():
             if status.reason == "job lost" and status.claim.job:

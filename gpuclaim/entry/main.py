@@ -118,6 +118,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
     "notify": ("gpuclaim.cli.settings", "notify_app", {"group": True}),
     "config": ("gpuclaim.cli.settings", "config_app", {"group": True}),
+    "policy": (
+        "gpuclaim.cli.policy",
+        "policy_app",
+        {"group": True, "short_help": "The lab's limits, queue and idle policy."},
+    ),
     "init": (
         "gpuclaim.cli.setup",
         "init",

@@ -9,6 +9,7 @@ Layout::
     <root>/reservations/<id>.json  a booking of GPUs for a future window; ended/ the past ones
     <root>/jobs/<id>.json      a job's record; <id>.array an array's, <id>.ended/<i> its ended tasks
     <root>/jobs/archive/       finished job records a day old, moved in batches (.jsonl)
+    <root>/policy.json         the lab's policy: limits, queue, idle (its owner's alone)
     <root>/owners/<uid>/       each account's own (0755): what its jobs run (store/owners.py)
     <root>/tmp/ trash/ corrupt/
 
@@ -47,6 +48,7 @@ from gpuclaim.store.files import new_claim_id, storage_error
 from gpuclaim.store.interface import STORE_CODEC, STORE_METHODS, Store
 from gpuclaim.store.layout import LayoutPart
 from gpuclaim.store.notices import NoticesPart
+from gpuclaim.store.policy import PolicyPart
 from gpuclaim.store.queue import QueuePart
 from gpuclaim.store.records import JobRecordsPart
 from gpuclaim.store.sweep import SweepPart
@@ -77,6 +79,7 @@ class ClaimStore(
     QueuePart,
     UsagePart,
     NoticesPart,
+    PolicyPart,
     DrainsPart,
     EventLogPart,
 ):

@@ -75,7 +75,7 @@ class LayoutPart(StoreBase):
             names = os.listdir(self.root)
         except OSError as exc:
             raise storage_error(self.root, exc, "read") from exc
-        ours = {*_SUBDIRS, "VERSION", STORE_ID_FILE, "owners"}
+        ours = {*_SUBDIRS, "VERSION", STORE_ID_FILE, "owners", "policy.json"}
         foreign = sorted(n for n in names if n not in ours and not n.startswith("."))
         if foreign:
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
