@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from lab import ACCOUNTS, ALICE, BOB, GROUP, Lab, ensure_accounts
 
+from gpuclaim.sim.fake_nvidia_smi import sim_uuid
+
 pytestmark = [pytest.mark.ssh, pytest.mark.root]
 pytest_plugins = ["testbed_fixtures"]
 
@@ -281,3 +283,18 @@ def test_the_labs_policy_holds_in_every_process_whatever_each_config_says(lab: L
     else:
         raise AssertionError(records)
     assert most == 2, most
+
+
+def test_every_node_answers_for_itself_whatever_the_homes(lab: Lab) -> None:
+    # with one HOME on every node (NFS), each node's agent, socket and keeper is its own
+    for _ in range(3):  # the first look installs, the next ones find warm agents
+        rows = lab.json(ALICE, "status")
+        seen = {(r["node"], r["uuid"]) for r in rows}
+        assert seen == {(n, sim_uuid(n, i)) for n in lab.tb.nodes for i in range(2)}, rows
+    jobs = [
+        lab.json(ALICE, "run", "--node", n, "--name", f"on-{n}", "--", *WHO)
+        for n in ("node01", "node02")
+    ]
+    for job in jobs:
+        done = lab.wait_record(job["id"], lambda r: r["state"] == "succeeded", 30)
+        assert done["ranks"][0]["node"] == job["node"]

@@ -19,6 +19,7 @@ import pytest
 
 from gpuclaim.core.liveness import boot_id, process_start
 from gpuclaim.node.probe.local import probe_local
+from gpuclaim.node.server import host_key
 from gpuclaim.remote.shell_look import ShellLook, look_command, parse_look
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -201,7 +202,7 @@ def test_the_warm_agents_state_comes_from_its_where_file(tmp_path: Path) -> None
     sock_path = tmp_path / "agent.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock_path))
-    where = cache / f"agent-{VERSION}.where"
+    where = cache / f"agent-{VERSION}@{host_key()}.where"
     try:
         where.write_text(f"{os.getpid()}\n{sock_path}\n{process_start(os.getpid())}\n")
         look, _ = _shell_look(tmp_path, _request([str(smi)]))
@@ -229,7 +230,7 @@ def test_a_warm_agent_killed_with_sigterm_removes_its_where_file(tmp_path: Path)
     server = subprocess.Popen(
         [sys.executable, "-m", "gpuclaim.node.main", "serve", VERSION, "600"], env=env
     )
-    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}.where"
+    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}@{host_key()}.where"
     deadline = time.monotonic() + 15
     while not where.exists():
         assert time.monotonic() < deadline, "the agent never said where it listens"
@@ -251,7 +252,7 @@ def test_a_warm_agent_says_where_it_is_again_after_its_cache_is_removed(tmp_path
         [sys.executable, "-m", "gpuclaim.node.main", "serve", VERSION, "600"], env=env
     )
     cache = tmp_path / ".cache" / "gpuclaim"
-    where = cache / f"agent-{VERSION}.where"
+    where = cache / f"agent-{VERSION}@{host_key()}.where"
     try:
         deadline = time.monotonic() + 15
         while not where.exists():
@@ -284,7 +285,7 @@ def test_a_warm_agent_whose_files_are_removed_quits(tmp_path: Path) -> None:
         env=env,
         cwd=str(tmp_path),
     )
-    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}.where"
+    where = tmp_path / ".cache" / "gpuclaim" / f"agent-{VERSION}@{host_key()}.where"
     try:
         deadline = time.monotonic() + 15
         while not where.exists():

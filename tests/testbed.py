@@ -560,6 +560,10 @@ class Testbed:
         with contextlib.suppress(FileNotFoundError):
             (ndir / "sshd.pid").unlink()
         cmd = [self.tools["sshd"], "-D", "-f", str(ndir / "sshd_config")]
+        if self.shared_homes:
+            # hosts that share a home (NFS) differ in their names: a UTS namespace each
+            unshare = shutil.which("unshare", path=SYSTEM_PATH) or "unshare"
+            cmd = [unshare, "--uts", "sh", "-c", f'hostname {name} && exec "$0" "$@"', *cmd]
         proc = subprocess.Popen(
             [*cmd, "-E", str(ndir / "sshd.log")],
             stdin=subprocess.DEVNULL,

@@ -49,7 +49,8 @@ def runtime_dir() -> Path:
     (a path too long for a socket in it) a short one in /tmp, one per user and home."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     preferred = [Path(xdg) / "gpuclaim"] if xdg and Path(xdg).is_dir() else []
-    preferred.append(Path.home() / ".cache" / "gpuclaim" / "run")
+    # one per host: a home shared by every node (NFS) holds each node's socket apart
+    preferred.append(Path.home() / ".cache" / "gpuclaim" / f"run-{host_key()}")
     return socket_dir(preferred, _NAME_MAX, "run", "the warm agent's socket")
 
 
@@ -159,8 +160,19 @@ class Server:
 
 def where_file(version: str) -> Path:
     """Where the server of ``version`` says its pid and socket, for a shell look at this node
-    (``remote.shell_look``): next to the agent, a path ``sh`` finds without Python."""
-    return Path.home() / ".cache" / "gpuclaim" / f"agent-{version}.where"
+    (``remote.shell_look``): next to the agent, a path ``sh`` finds without Python; named by
+    the host, so that nodes sharing one home (NFS) each find their own agent."""
+    return Path.home() / ".cache" / "gpuclaim" / f"agent-{version}@{host_key()}.where"
+
+
+def host_key() -> str:
+    """This host's name as the kernel has it (what the shell look reads without a fork)."""
+    try:
+        with open("/proc/sys/kernel/hostname", encoding="utf-8") as fh:
+            name = fh.read().strip()
+    except OSError:
+        name = socket.gethostname()
+    return name.replace("/", "_") or "localhost"  # as the shell reads it (no '/' in a name)
 
 
 def _say_where(version: str, path: Path) -> Optional[Path]:

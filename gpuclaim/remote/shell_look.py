@@ -38,8 +38,9 @@ a="$HOME/.cache/gpuclaim/agent-{version}"
 echo '{header}'
 s=missing
 if [ -e "$a.pyz" ] || [ -e "$a" ]; then s=starting; fi
-p=; w=; t=
-if [ -r "$a.where" ]; then {{ read -r p; read -r w; read -r t; }} < "$a.where"; fi
+p=; w=; t=; h=localhost
+read -r h < /proc/sys/kernel/hostname  # one where-file per host: a home NFS shares
+if [ -r "$a@$h.where" ]; then {{ read -r p; read -r w; read -r t; }} < "$a@$h.where"; fi
 # warm: its socket is there and ours, and its pid is still that process (the start time
 # it wrote is field 22 of its stat): not another of ours that took a dead agent's pid
 if [ -n "$w" ] && [ -n "$t" ] && [ -S "$w" ] && [ -O "$w" ] && read -r b < "/proc/$p/stat"; then
