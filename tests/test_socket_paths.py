@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import pytest
 
+from gpuclaim.node.server import host_key
+
 SUN_PATH_MAX = 107
 
 
@@ -178,7 +180,7 @@ def test_node_homes_of_any_length_with_and_without_xdg_runtime_dir(
     for path in sockets.values():
         _assert_private_socket(path)
     assert str(sockets["node04"]).startswith(str(xdg_short) + "/gpuclaim/")
-    assert str(sockets["node01"]).startswith(str(homes[0]) + "/.cache/gpuclaim/run/")
+    assert str(sockets["node01"]).startswith(str(homes[0]) + f"/.cache/gpuclaim/run-{host_key()}/")
     assert str(sockets["node03"]).startswith("/tmp/gpuclaim-run-")
 
 

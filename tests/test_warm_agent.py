@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from gpuclaim.node.server import host_key
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -405,7 +407,7 @@ def test_the_agent_a_first_call_forked_exits_when_idle_and_leaves_nothing(
     agent_idle without a request, removes its socket and leaves no process behind."""
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh", agent_idle="2s")
     c.json("status")  # sh looks; the agent is installed behind it and forks into the warm one
-    run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / "run"
+    run_dir = testbed.node_dir("node01") / "home" / ".cache" / "gpuclaim" / f"run-{host_key()}"
     deadline = time.monotonic() + 20
     while not list(run_dir.glob("agent-*.sock")):
         assert time.monotonic() < deadline, "the agent never made its socket"
