@@ -143,7 +143,7 @@ class Lab:
 
     def ok(self, account: str, *args: str, cwd: Path | None = None) -> str:
         proc = self.cli(account, *args, cwd=cwd)
-        assert proc.returncode == 0, (account, args, proc.stdout, proc.stderr)
+        assert proc.returncode == 0, (account, args, proc.returncode, proc.stdout, proc.stderr)
         return proc.stdout
 
     def json(self, account: str, *args: str, expect: int = 0) -> Any:
@@ -153,7 +153,7 @@ class Lab:
         else:
             args = (*args, "--json")
         proc = self.cli(account, *args)
-        assert proc.returncode == expect, (account, args, proc.stdout, proc.stderr)
+        assert proc.returncode == expect, (account, args, proc.returncode, proc.stdout, proc.stderr)
         return json.loads(proc.stdout)
 
     def record(self, job_id: str) -> dict[str, Any]:
@@ -175,15 +175,22 @@ class Lab:
             assert time.monotonic() < deadline, record
             time.sleep(0.1)
 
-    def processes_of(self, account: str) -> list[int]:
-        """Every process of the account (to end them by pid when the test is done)."""
-        uid = self.uid(account)
+    def processes_of(self, *accounts: str) -> list[int]:
+        """The accounts' processes that belong to this lab (their environment names this
+        testbed: laptop CLIs, agents, keepers, jobs), to end them by pid: other runs' and
+        other people's processes of the same accounts are left alone."""
+        uids = {self.uid(a) for a in accounts}
+        marker = f"GPUCLAIM_TESTBED={self.tb.dir}".encode()
         found = []
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.stat(f"/proc/{entry}").st_uid == uid:
-                        found.append(int(entry))
-                except OSError:
+            if not entry.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid not in uids:
                     continue
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if marker in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
         return found

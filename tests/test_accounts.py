@@ -46,12 +46,13 @@ def lab(request: Any, make_testbed: Any, tmp_path_factory: Any) -> Iterator[Lab]
     try:
         yield lab
     finally:
-        for account in ACCOUNTS:  # their keepers, agents and jobs: by pid, theirs alone
-            for pid in lab.processes_of(account):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # this lab's own processes of theirs (laptop CLIs, agents, keepers, jobs: they carry
+        # this testbed's marker), by pid; never another run's processes of the same accounts
+        for pid in lab.processes_of(*ACCOUNTS):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _ts(text: str) -> float:
@@ -107,10 +108,23 @@ def test_another_accounts_queued_job_waits_for_its_owner_and_says_so(lab: Lab) -
     assert lab.record(queued["id"])["state"] == "queued"
     why = lab.ok(BOB, "why", "q")
     assert f"waits for {ALICE}'s keeper on node01" in why, why
+    lab.ok(BOB, "why", "q")
+    # told once (to Slack, from the event log), however many looks see it
+    told = [e for e in _events(lab) if e["type"] == "owner-turn"]
+    assert len(told) == 1 and told[0]["extra"]["job_id"] == queued["id"], told
+    assert f"waits for {ALICE}'s keeper" in told[0]["reason"]
     # her next command starts it, as her
     lab.ok(ALICE, "jobs")
     done = lab.wait_record(queued["id"], lambda r: r["state"] == "succeeded", 30)
     assert done["account"] == ALICE
+
+
+def _events(lab: Lab) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for log in (lab.storage / "events").glob("*.jsonl")
+        for line in log.read_text().splitlines()
+    ]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -207,12 +221,9 @@ def test_kill_force_and_extend_across_accounts_take_effect_through_the_store(lab
     took = time.monotonic() - asked
     print(f"{BOB}'s kill --force of {ALICE}'s job took effect in {took:.2f} s")
     assert took <= 2.5, done  # the CLI's own start included
-    events = [
-        json.loads(line)
-        for log in (lab.storage / "events").glob("*.jsonl")
-        for line in log.read_text().splitlines()
+    forced = [
+        e for e in _events(lab) if e["type"] == "force-kill" and e["extra"]["job_id"] == job["id"]
     ]
-    forced = [e for e in events if e["type"] == "force-kill" and e["extra"]["job_id"] == job["id"]]
     assert forced and forced[0]["by"] == BOB, forced
 
 

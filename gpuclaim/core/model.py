@@ -72,6 +72,7 @@ class EventType(_Word):
     RESERVE_NOSHOW = "reserve-noshow"
     RESERVE_END = "reserve-end"
     REFUSED = "refused"  # a job its owner's spec does not vouch for (forged?): never run
+    OWNER_TURN = "owner-turn"  # a queued job fits, and only its owner's processes may start it
 
 
 def event_type(value: str) -> Optional[EventType]:

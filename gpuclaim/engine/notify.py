@@ -33,6 +33,7 @@ from gpuclaim.store import Store
 UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
 PREEMPTED_MESSAGES = JobState.PREEMPTED.value  # a preemptible job yields its GPUs
 SERVICE_MESSAGES = JobKind.SERVICE.value  # a service went down, came back (gave up: its end)
+OWNER_MESSAGES = "owner"  # a job waits for its owner's account; a record naming one refused
 # Event types that become messages, and their names in ``[slack] events``.
 MESSAGE_EVENTS: dict[str, str] = {
     EventType.JOB_START: "job_started",
@@ -56,6 +57,8 @@ MESSAGE_EVENTS: dict[str, str] = {
     EventType.RESERVE_CANCEL: "reservation",
     EventType.RESERVE_OPEN: "reservation",
     EventType.RESERVE_NOSHOW: "reservation",
+    EventType.OWNER_TURN: OWNER_MESSAGES,
+    EventType.REFUSED: OWNER_MESSAGES,
 }
 DEFAULT_EVENTS = (
     "job_started",
@@ -69,6 +72,7 @@ DEFAULT_EVENTS = (
     "reservation",
     PREEMPTED_MESSAGES,
     SERVICE_MESSAGES,
+    OWNER_MESSAGES,
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -209,6 +213,15 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     elif event.type == EventType.SERVICE_BACK:
         restarts = extra.get("restarts")
         text = f"🔺 {who}'s service *{extra.get('job')}* on {where} is back (restart {restarts})"
+    elif event.type == EventType.OWNER_TURN:
+        text = (
+            f"⏳ {who}, your queued job *{extra.get('job')}* fits now and waits for you: {reason}"
+        )
+    elif event.type == EventType.REFUSED:
+        text = (
+            f"🚨 a job *{extra.get('job')}* naming {who} was refused by {_esc(event.by or '?')}"
+            f" and never ran: {_esc(str(extra.get('why') or ''))}"
+        )
     elif event.type == EventType.EXPIRE:
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == EventType.CLAIM_EXPIRING:

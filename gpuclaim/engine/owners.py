@@ -80,7 +80,12 @@ def not_ours(
     left the queue)."""
     if job.uid is not None and not runs_as(job, me):
         keepers = keeper_nodes(store, job, allowed)
-        return owners_turn(job, allowed, keepers), bool(keepers)
+        reason = owners_turn(job, allowed, keepers)
+        if not keepers and store.mark_once(key=f"owner-turn-{job.id}"):
+            # told once (Slack, the event log): nobody of the owner's will notice by itself
+            event = job_event(EventType.OWNER_TURN, job, store.now())
+            store.append_event(replace(event, reason=reason.text, node=allowed[0]))
+        return reason, bool(keepers)
     why = store.check_job(job=job) or "it names no account"
     if store.take_queue_entry(name=entry):
         refuse(store, job, why, me, entry)

@@ -6,7 +6,8 @@ over one SSH command), then answers on a unix socket that the CLI reaches throug
 master (``ssh -O forward``), so a look costs one round trip. Per user, nothing to install:
 
 - its socket and lock live in a private directory (``$XDG_RUNTIME_DIR/gpuclaim`` or
-  ``~/.cache/gpuclaim/run``, 0700, ours), and it answers only its own user (SO_PEERCRED);
+  ``~/.cache/gpuclaim/run-<host>``, 0700, ours; by host, as its where-file is, so nodes
+  that share a home each have their own), and it answers only its own user (SO_PEERCRED);
 - one per version (the socket is named by it); a newer one tells older ones to quit;
 - it exits by itself after ``idle_s`` without a request, removing its socket.
 

@@ -102,3 +102,25 @@ def test_an_accounts_directory_that_is_not_its_own_stops_its_submits(tmp_path: P
 def test_an_account_round_trips() -> None:
     me = this_account()
     assert Account.from_dict(me.to_dict()) == me
+
+
+def test_the_owner_is_told_in_words_and_a_refusal_names_who_refused() -> None:
+    from gpuclaim.core.config import parse_config
+    from gpuclaim.core.model import Event, EventType
+    from gpuclaim.engine.notify import render_message, wanted
+
+    slack = parse_config({"storage": "/tmp/x", "slack": {"webhook_url": "http://x/"}}).slack
+    turn = Event(
+        1.0, EventType.OWNER_TURN, "alice", node="node01",
+        reason="waits for alice's keeper on node01; alice's next gpuclaim command starts it",
+        extra={"job": "q", "job_id": "j-1"},
+    )  # fmt: skip
+    assert wanted(turn, slack)
+    text = render_message(turn, slack)["text"]
+    assert "alice, your queued job q fits now and waits for you" in text, text
+    refused = Event(
+        2.0, EventType.REFUSED, "alice", by="alice",
+        extra={"job": "forged", "why": "alice never submitted it <!channel>"},
+    )  # fmt: skip
+    text = render_message(refused, slack)["text"]
+    assert "refused by alice" in text and "<!channel>" not in text, text
