@@ -309,3 +309,31 @@ def test_every_node_answers_for_itself_whatever_the_homes(lab: Lab) -> None:
     for job in jobs:
         done = lab.wait_record(job["id"], lambda r: r["state"] == "succeeded", 30)
         assert done["ranks"][0]["node"] == job["node"]
+
+
+def test_the_idle_policy_from_anyones_look_stops_only_an_idle_job(lab: Lab) -> None:
+    # the lab's idle policy, applied by bob's looks to alice's jobs: bob's nvidia-smi sees her
+    # processes and their load (the driver lists every account's, as a real one does)
+    for key, value in (
+        ("idle.window", "8s"),
+        ("idle.threshold_pct", "5"),
+        ("idle.release_after", "2s"),
+        ("idle.release_jobs", "true"),
+    ):
+        said = _as_root(lab, "policy", "set", key, value)
+        assert said.returncode == 0, said.stderr
+    zero = ("--env", "GPUCLAIM_FAKE_UTIL_PCT=0")
+    quiet = lab.json(
+        ALICE, "run", "--node", "node01", "--name", "quiet", *zero, "--", "sleep", "120"
+    )
+    busy = lab.json(ALICE, "run", "--node", "node01", "--name", "busy", "--", "sleep", "120")
+    lab.wait_record(busy["id"], lambda r: r["state"] == "running", 30)
+    rows = {r["index"]: r for r in lab.json(BOB, "status") if r["node"] == "node01"}
+    assert rows[busy["gpus"][0]]["utilization_pct"] == 100, rows
+    deadline = time.monotonic() + 60
+    while lab.record(quiet["id"])["state"] != "killed":
+        assert time.monotonic() < deadline, lab.record(quiet["id"])
+        lab.ok(BOB, "status")  # bob's look applies the lab's policy
+        time.sleep(1)
+    assert lab.record(busy["id"])["state"] == "running"
+    lab.ok(ALICE, "kill", "busy")

@@ -364,6 +364,8 @@ class Testbed:
         with contextlib.suppress(PermissionError):
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self._warn_if_locked()
+        if self.accounts:
+            self._start_driver()
         self._start_all()
         if self.delay_ms:
             self._start_proxy()
@@ -386,6 +388,29 @@ class Testbed:
                     os.chown(path, entry.pw_uid, entry.pw_gid)
                 home.chmod(0o700)
                 home.parent.chmod(0o755)
+
+    def _start_driver(self) -> None:
+        """The fake nvidia-smi's "driver": a root process that lists every account's jobs,
+        since another account's environment (where a fake job says its GPUs) is closed."""
+        sock = self.dir / "driver.sock"
+        smi = self.dir / "bin" / "nvidia-smi"
+        with open(self.dir / "driver.log", "ab") as logf:
+            proc = subprocess.Popen(
+                [sys.executable, str(smi), "--gpuclaim-sim-driver", str(sock)],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,
+                env=self._daemon_env(),
+            )
+        self._children[proc.pid] = proc
+        self._set_pid("driver", "driver", proc.pid)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.dir / "driver.log").read_text(errors="replace")[-500:]
+                raise TestbedError(f"the fake GPU driver did not start: {tail}")
+            time.sleep(0.005)
 
     def _write_state(self) -> None:
         nodes = {
@@ -462,6 +487,8 @@ class Testbed:
         }
         if self.nvml:
             node_env["PYTHONPATH"] = str(self.dir / "nvml")
+        if self.accounts:
+            node_env["GPUCLAIM_SIM_DRIVER"] = str(self.dir / "driver.sock")
         lines = [
             f"# gpuclaim testbed: {name}",
             f"Port {self.ports[name]}",

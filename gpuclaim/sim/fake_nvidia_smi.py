@@ -297,16 +297,79 @@ def process_table() -> dict[int, int]:
     return table
 
 
-def live_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
-    """(pid, argv[0], environment) of each leaf process that simulates a job on ``node``."""
+# A "driver" that sees every account's processes, as the real one does: another account's
+# /proc/PID/environ is closed to us, so on a testbed with several accounts a root process
+# answers on this socket (``--gpuclaim-sim-driver PATH``) what this module would find.
+DRIVER_ENV = "GPUCLAIM_SIM_DRIVER"
+DRIVER_FLAG = "--gpuclaim-sim-driver"
+
+
+def node_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
+    """The node's live jobs: from the driver where there is one, else as this user sees them."""
+    path = os.environ.get(DRIVER_ENV)
+    if path and Path(path).exists():
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(10)
+                conn.connect(path)
+                ask = {"node": node, "state": os.environ.get("GPUCLAIM_SIM_STATE")}
+                conn.sendall(json.dumps(ask).encode() + b"\n")
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            return [(int(p), str(a), dict(e)) for p, a, e in json.loads(data)]
+        except (OSError, ValueError, TypeError):
+            pass
+    return live_jobs(node)
+
+
+def serve_driver(path: str) -> int:
+    """Answer ``node_jobs`` for every account (run as root by the testbed)."""
+    import struct
+    import threading
+
+    Path(path).unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    Path(path).chmod(0o666)
+    server.listen(64)
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                asker = struct.unpack("3i", creds)[0]
+                line = conn.makefile("rb").readline()
+                ask = json.loads(line)
+                jobs = live_jobs(str(ask["node"]), asker, ask.get("state"))
+                conn.sendall(json.dumps(jobs).encode() + b"\n")
+            except (OSError, ValueError, KeyError):
+                pass
+
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+
+def live_jobs(
+    node: str, asker: Optional[int] = None, state: Optional[str] = None
+) -> list[tuple[int, str, dict[str, str]]]:
+    """(pid, argv[0], environment) of each leaf process that simulates a job on ``node``
+    (the asking process and its ancestors are no job: they are the look itself)."""
     table = process_table()
     parents = set(table.values())
-    skip = {os.getpid()}
-    pid = os.getpid()
+    pid = os.getpid() if asker is None else asker
+    skip = {pid}
     while pid in table and table[pid] not in skip and table[pid] > 0:
         pid = table[pid]
         skip.add(pid)
-    skip.add(os.getppid())
+    if asker is None:
+        skip.add(os.getppid())
+    if state is None:
+        state = os.environ.get("GPUCLAIM_SIM_STATE")
     jobs = []
     for pid in sorted(table):
         if pid in skip or pid in parents:
@@ -324,7 +387,6 @@ def live_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
         if env.get("GPUCLAIM_NODE") != node or not env.get("CUDA_VISIBLE_DEVICES", "").strip():
             continue
         # Same node name in another simulated cluster (another test, another sandbox)?
-        state = os.environ.get("GPUCLAIM_SIM_STATE")
         if state and env.get("GPUCLAIM_SIM_STATE") not in (None, state):
             continue
         argv0 = cmdline.split(b"\0")[0].decode("utf-8", "replace")
@@ -362,7 +424,7 @@ def build_gpus(node: str, entry: dict[str, Any]) -> list[SimGpu]:
     if isinstance(specs, int):
         specs = [{} for _ in range(specs)]
     gpus = [SimGpu(node, i, spec or {}) for i, spec in enumerate(specs)]
-    for pid, argv0, env in live_jobs(node):
+    for pid, argv0, env in node_jobs(node):
         mem = _env_int(env, FAKE_MEM_ENV, 1024)
         util = _env_int(env, FAKE_UTIL_ENV, 100)
         for gpu in visible_gpus(env["CUDA_VISIBLE_DEVICES"], gpus):
@@ -534,8 +596,11 @@ def run(argv: list[str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [DRIVER_FLAG] and len(args) == 2:
+        return serve_driver(args[1])
     try:
-        lines = run(list(sys.argv[1:] if argv is None else argv))
+        lines = run(args)
     except Exit as exc:
         if exc.message:
             print(exc.message, file=sys.stderr if exc.stderr else sys.stdout, flush=True)
