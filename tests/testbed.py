@@ -393,10 +393,9 @@ class Testbed:
         """The fake nvidia-smi's "driver": a root process that lists every account's jobs,
         since another account's environment (where a fake job says its GPUs) is closed."""
         sock = self.dir / "driver.sock"
-        smi = self.dir / "bin" / "nvidia-smi"
         with open(self.dir / "driver.log", "ab") as logf:
             proc = subprocess.Popen(
-                [sys.executable, str(smi), "--gpuclaim-sim-driver", str(sock)],
+                [sys.executable, "-m", "gpuclaim.sim.sim_driver", str(sock)],
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,

@@ -299,9 +299,8 @@ def process_table() -> dict[int, int]:
 
 # A "driver" that sees every account's processes, as the real one does: another account's
 # /proc/PID/environ is closed to us, so on a testbed with several accounts a root process
-# answers on this socket (``--gpuclaim-sim-driver PATH``) what this module would find.
+# answers on this socket (:mod:`gpuclaim.sim.sim_driver`) what this module would find.
 DRIVER_ENV = "GPUCLAIM_SIM_DRIVER"
-DRIVER_FLAG = "--gpuclaim-sim-driver"
 
 
 def node_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
@@ -324,34 +323,6 @@ def node_jobs(node: str) -> list[tuple[int, str, dict[str, str]]]:
         except (OSError, ValueError, TypeError):
             pass
     return live_jobs(node)
-
-
-def serve_driver(path: str) -> int:
-    """Answer ``node_jobs`` for every account (run as root by the testbed)."""
-    import struct
-    import threading
-
-    Path(path).unlink(missing_ok=True)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    Path(path).chmod(0o666)
-    server.listen(64)
-
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                asker = struct.unpack("3i", creds)[0]
-                line = conn.makefile("rb").readline()
-                ask = json.loads(line)
-                jobs = live_jobs(str(ask["node"]), asker, ask.get("state"))
-                conn.sendall(json.dumps(jobs).encode() + b"\n")
-            except (OSError, ValueError, KeyError):
-                pass
-
-    while True:
-        conn, _ = server.accept()
-        threading.Thread(target=answer, args=(conn,), daemon=True).start()
 
 
 def live_jobs(
@@ -597,8 +568,6 @@ def run(argv: list[str]) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == [DRIVER_FLAG] and len(args) == 2:
-        return serve_driver(args[1])
     try:
         lines = run(args)
     except Exit as exc:
