@@ -28,7 +28,9 @@ from lab import ACCOUNTS, ALICE, BOB, GROUP, Lab, ensure_accounts
 
 from gpuclaim.sim.fake_nvidia_smi import sim_uuid
 
-pytestmark = [pytest.mark.ssh, pytest.mark.root]
+# One pytest worker runs every test that makes or uses this machine's real accounts
+# (useradd locks /etc/passwd; the accounts' processes are ended per test).
+pytestmark = [pytest.mark.ssh, pytest.mark.root, pytest.mark.xdist_group("real-accounts")]
 pytest_plugins = ["testbed_fixtures"]
 
 

@@ -135,8 +135,7 @@ def test_exit_statuses_and_time_limit(jobs_cluster):
     assert "time limit" in timed_out["reason"]
     # every claim was released, and no gpuclaim CLI process is left behind on the laptop
     assert all(r["state"] == "free" for r in c.status())
-    leftover = subprocess.run(["pgrep", "-f", "-m gpuclaim"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == ""
+    assert _processes_like(b"gpuclaim", "GPUCLAIM_CONFIG", str(c.config_path)) == []
     events = c.json("history", "--claims")
     assert len(events) == 3
 
@@ -197,18 +196,23 @@ def test_queue_starts_within_seconds_of_an_expiry_with_no_gpuclaim_call(testbed,
     assert running["nodes"] == ["node01"]
     # with the queue empty, the keeper is gone: nothing keeps running
     deadline = time.monotonic() + 10
-    while _processes_like(b"keep-queue"):
+    while _processes_like(b"keep-queue", "GPUCLAIM_TESTBED", str(c.testbed.dir)):
         assert time.monotonic() < deadline, "the queue keeper outlived the queue"
         time.sleep(0.3)
     c.ok("kill", "patient")
 
 
-def _processes_like(part: bytes) -> list[int]:
+def _processes_like(part: bytes, key: str, value: str) -> list[int]:
+    """This test's processes with ``part`` in their command line: those whose environment
+    has ``key=value`` (other tests run beside this one, in other pytest workers)."""
+    mark = f"{key}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if part in (entry / "cmdline").read_bytes():
+                if part in (entry / "cmdline").read_bytes() and mark in (
+                    (entry / "environ").read_bytes().split(b"\0")
+                ):
                     found.append(int(entry.name))
             except OSError:
                 continue

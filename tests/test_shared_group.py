@@ -28,6 +28,9 @@ from conftest import SimCluster, gpu
 from test_slack import FakeSlack
 
 GROUP = "gcshare"
+# One pytest worker runs every test that makes or uses this machine's real accounts
+# (useradd locks /etc/passwd; these tests end every process of their accounts).
+pytestmark = pytest.mark.xdist_group("real-accounts")
 USERS = ("gcann", "gcben")
 REPO = Path(__file__).resolve().parent.parent
 

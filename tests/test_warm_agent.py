@@ -142,15 +142,19 @@ def _zombies_of(parents: list[int]) -> list[int]:
         time.sleep(0.1)
 
 
-def _early_sessions_running() -> list[str]:
-    """This machine's ssh clients of a first contact (their command asks for the agent)."""
+def _early_sessions_running(home: Path) -> list[str]:
+    """The ssh clients of a first contact (their command asks for the agent) of a gpuclaim
+    started with ``home`` as GPUCLAIM_HOME (other tests run beside this one)."""
+    mark = f"GPUCLAIM_HOME={home}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"ssh") and any(b"@gpuclaim-look" in a for a in argv):
+        ours = mark in environ
+        if ours and argv[0].endswith(b"ssh") and any(b"@gpuclaim-look" in a for a in argv):
             found.append(entry.name)
     return found
 
@@ -184,7 +188,7 @@ def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, ma
     assert bad.returncode == 2, bad.stderr
     assert "node01: first contact started before the command" in bad.stderr
     assert "an early first contact was not needed: closed" in bad.stderr
-    assert _early_sessions_running() == []
+    assert _early_sessions_running(c.home) == []
     # and the nodes are as reachable as before
     assert {r["state"] for r in c.json("status") if r["node"] != "node02"} == {"free"}
 
