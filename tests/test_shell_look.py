@@ -104,12 +104,28 @@ def test_only_wrappers_are_read_not_other_looks(tmp_path: Path) -> None:
         look, proc = _shell_look(tmp_path, request)
         assert look is not None and look.inventory is not None
         listed = [line[3:] for line in proc.stdout.decode().splitlines() if line.startswith("@w ")]
+        # other tests' wrappers may run beside this one (pytest workers): theirs are not ours
+        listed = [pid for pid in listed if not _someone_elses(int(pid), other.pid)]
         assert listed == [str(wrapper.pid)]
-        assert look.inventory["liveness"]["wrappers"] == [[wrapper.pid, process_start(wrapper.pid)]]
+        wrappers = look.inventory["liveness"]["wrappers"]
+        assert [w for w in wrappers if not _someone_elses(w[0], other.pid)] == [
+            [wrapper.pid, process_start(wrapper.pid)]
+        ]
     finally:
         for child in (wrapper, other):
             child.kill()
             child.wait()
+
+
+def _someone_elses(pid: int, other_look: int) -> bool:
+    """A process still running that neither this test nor its other look started (a look
+    that has ended, the look itself, is no one else's)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    parent = int(stat.rpartition(")")[2].split()[1])
+    return parent not in (os.getpid(), other_look)
 
 
 @pytest.mark.parametrize(

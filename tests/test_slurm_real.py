@@ -44,6 +44,10 @@ from gpuclaim.app.slurm import (
 from gpuclaim.core.model import Job
 from gpuclaim.node.hardware import probe_hardware
 
+# One pytest worker runs the real SLURMs one at a time: slurmd and slurmstepd share this
+# machine's cgroups (and default ports) between testbeds.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100 80GB PCIe"
 A10 = "NVIDIA A10"  # "a10" is a substring of every A100's name: slurmd must still tell them apart
