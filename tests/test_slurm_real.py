@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -80,10 +81,13 @@ TRAIN = "import json, sys; print(json.dumps({'script_args': sys.argv[1:]}), flus
 def slurm(tmp_path):
     """Starts SLURM on the files of an export dir; always stopped after the test."""
     started: list[SlurmTestbed] = []
+    roots: list[Path] = []
 
     def up(export_dir: Path, gpus: dict[str, list[str]]) -> SlurmTestbed:
-        root = tmp_path / f"slurm{len(started)}"
-        root.mkdir()
+        # short on purpose, as the sshd testbed's: slurmstepd's sockets live in its spool and
+        # sun_path holds 108 bytes (a pytest-xdist worker's tmp_path is longer by 10)
+        root = Path(tempfile.mkdtemp(prefix=f"gcsl{len(started)}-", dir="/tmp"))
+        roots.append(root)
         try:
             tb = SlurmTestbed.up(export_dir, gpus, root)
         except MissingSlurm as exc:
@@ -96,6 +100,10 @@ def slurm(tmp_path):
     yield up
     for tb in started:
         tb.down()
+    for root in roots:  # the logs stay with the test's tmp_path, for a failure's reader
+        if (root / "log").is_dir():
+            shutil.copytree(root / "log", tmp_path / f"{root.name}-log", dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
