@@ -14,6 +14,7 @@ from gpuclaim.core.errors import StorageRefusesWrites, StoreError
 from gpuclaim.core.identity import this_host
 from gpuclaim.store.files import (
     FILE_MODE,
+    HELD_LOCK_BREAK_S,
     LOCK_BREAK_S,
     LOCK_WAIT_S,
     _break_lock,
@@ -107,7 +108,7 @@ class StoreBase:
         try:
             delay = 0.002
             while not _link_exclusive(tmp, lock):
-                if self._lock_abandoned(lock):
+                if self._lock_abandoned(lock, HELD_LOCK_BREAK_S):
                     _break_lock(lock)
                     continue
                 if time.monotonic() > deadline:
@@ -164,7 +165,7 @@ class StoreBase:
         lock = self._p("locks", f"{_safe(name)}.lock")
         return lock.exists() and not self._lock_abandoned(lock)
 
-    def _lock_abandoned(self, lock: Path) -> bool:
+    def _lock_abandoned(self, lock: Path, max_age_s: float = LOCK_BREAK_S) -> bool:
         try:
             with open(lock, "rb") as fh:
                 st = os.fstat(fh.fileno())
@@ -180,7 +181,7 @@ class StoreBase:
         pid = info.get("pid")
         if info.get("host") == self.host and isinstance(pid, int) and not _pid_alive(pid):
             return True
-        return self.now() - st.st_mtime > LOCK_BREAK_S
+        return self.now() - st.st_mtime > max_age_s
 
     @contextlib.contextmanager
     def _host_lock(self, name: str) -> Iterator[None]:

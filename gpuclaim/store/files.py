@@ -21,8 +21,12 @@ DIR_MODE = 0o2775
 LAYOUT_VERSION = 1
 STORE_ID_FILE = "ID"
 INCOMPLETE_GRACE_S = 60.0  # an incomplete claim older than this is abandoned
-LOCK_BREAK_S = 30.0  # a removal lock older than this is broken (its holder died)
-LOCK_WAIT_S = 10.0
+LOCK_BREAK_S = 30.0  # a long-lived lock (try_lock: keepers, refreshed) older than this is broken
+# A record's or GPU's lock is held for a read and a rename (milliseconds): one this old lost
+# its holder (a node that crashed in between, seen from a host that cannot ask its pid), and
+# a waiter breaks it before its own wait ends rather than fail for a dead holder.
+HELD_LOCK_BREAK_S = 12.0
+LOCK_WAIT_S = 20.0
 JOB_START_GRACE_S = 120.0  # a job's claim with no heartbeat yet: the launch is under way
 TAKEN_ENTRY_MAX_S = 300.0  # a queue entry taken for dispatch this long ago was abandoned
 LAUNCH_GRACE_S = 15.0  # ... unless the `run` that made it died here: its wrapper beats by then
