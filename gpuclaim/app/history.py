@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from gpuclaim.core.events import event_gpu_weight
 from gpuclaim.core.model import Event, EventType, iso
 from gpuclaim.core.records import UsageSummary
 from gpuclaim.store import Snapshot
@@ -29,10 +30,11 @@ class Interval:
     note: str = ""
     job: str = ""  # the job's name, for a job's claim
     preemptible: bool = False  # a run --preemptible job's: scavenged, accounted apart
+    share: float = 1.0  # a share's part of its GPU (--gpu-mem): GPU-hours weighted by it
 
     @property
     def gpu_hours(self) -> float:
-        return self.gpus * max(0.0, self.end - self.start) / 3600.0
+        return self.gpus * self.share * max(0.0, self.end - self.start) / 3600.0
 
 
 def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) -> list[Interval]:
@@ -54,6 +56,7 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
             str(ev.extra.get("note") or ""),
             _job_of(str(ev.extra.get("note") or "")),
             bool(ev.extra.get("preemptible", False)),
+            event_gpu_weight(ev) / max(1, len(ev.gpus)),
         )
     if snap is not None:
         for cid, status in snap.claims.items():
@@ -72,6 +75,7 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
                 c.note,
                 _job_of(c.note),
                 c.preemptible,
+                c.fraction,
             )
     return sorted(intervals.values(), key=lambda i: i.start)
 

@@ -101,7 +101,8 @@ def families(look: Look) -> Iterator[Metric]:
 def _gpus(look: Look) -> Iterator[Metric]:
     gpus = GaugeMetricFamily(
         "gpuclaim_gpus",
-        "GPUs per node and state (free, claimed, reserved, busy-unclaimed, stale, unreachable).",
+        "GPUs per node and state (free, claimed, shared, reserved, busy-unclaimed, stale, "
+        "unreachable).",
         labels=["node", "state"],
     )
     counts: dict[tuple[str, str], int] = {}
@@ -111,6 +112,32 @@ def _gpus(look: Look) -> Iterator[Metric]:
     for (node, state), n in sorted(counts.items()):
         gpus.add_metric([node, state], n)
     yield gpus
+    yield from _shares(look)
+
+
+def _shares(look: Look) -> Iterator[Metric]:
+    """A shared GPU's parts: the MiB each user holds of it, and the room left."""
+    held = GaugeMetricFamily(
+        "gpuclaim_gpu_share_mib",
+        "MiB of a shared GPU's memory each user's shares hold (--gpu-mem).",
+        labels=["node", "gpu", "user"],
+    )
+    room = GaugeMetricFamily(
+        "gpuclaim_gpu_share_room_mib",
+        "MiB a new share could still take on a shared GPU now.",
+        labels=["node", "gpu"],
+    )
+    for row in look.view.rows:
+        if not row.shares or row.index is None:
+            continue
+        by_user: dict[str, int] = {}
+        for c in row.shares:
+            by_user[c.user] = by_user.get(c.user, 0) + c.mem_mib
+        for user, mib in sorted(by_user.items()):
+            held.add_metric([row.node, str(row.index), user], mib)
+        room.add_metric([row.node, str(row.index)], row.share_room_mib)
+    yield held
+    yield room
 
 
 def _held(look: Look) -> list[tuple[str, str, bool, bool]]:

@@ -70,6 +70,8 @@ def face(state: FaceState) -> Face:
         return Face("✕", "the node did not answer; claims are still shown")
     if state is FaceState.RESERVED:
         return Face("◇", "free, inside someone's booking window: theirs alone")
+    if state is FaceState.SHARED:
+        return Face("◐", "held in parts by memory shares (--gpu-mem), room shown beside")
     if state is FaceState.DRAINED:
         return Face("○", "free, but its node takes no new claims (maintenance)")
     if state is FaceState.PROBING:
@@ -332,6 +334,12 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
         cells["held"] = Text(format_duration(max(0.0, data.now - claim.since)))
         cells["left"] = left_text(time_left(claim, data), job=bool(claim.job))
         cells["job"] = job_text(claim.job, data)
+    elif row.shares:  # held in parts: how many, and who (the note says each part)
+        users = list(dict.fromkeys(c.user for c in row.shares))
+        mine = ctx.me in users
+        cells["holder"] = Text(f"{len(row.shares)} shares", style="bold cyan" if mine else "")
+        soonest = min(row.shares, key=lambda c: c.expires)
+        cells["left"] = left_text(time_left(soonest, data), job=bool(soonest.job))
     elif row.state == GpuState.RESERVED and row.booking is not None:
         mine = row.booking.user == ctx.me
         cells["holder"] = Text(row.booking.user, style="bold cyan" if mine else "cyan")
@@ -425,6 +433,8 @@ def note_text(row: GpuRow, ctx: RowContext, stale_age: Optional[str]) -> Text:
         text.append(f"⏱ data {stale_age} old · ", style="yellow")
     claim = row.claim
     note = shown_note(claim, ctx.data) if claim is not None else ""
+    if row.shares:
+        note = row.shares_text  # alice 20G · bob 40G · 20G free
     if note:
         text.append(note)
     service = ctx.data.services.get(claim.job or "") if claim is not None else None

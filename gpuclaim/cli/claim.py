@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from gpuclaim.cli import completion
+from gpuclaim.cli import run_flags as flags
 from gpuclaim.cli.common import out, print_json, quiet_option, say_on_stderr, state, waiting
 from gpuclaim.core.durations import format_duration, parse_duration
 from gpuclaim.core.errors import UsageError
@@ -36,6 +37,8 @@ def claim(
         help="Exactly the GPUs of your booking ID.",
         autocompletion=completion.complete_reservations,
     ),
+    gpu_mem: flags.GpuMem = None,
+    gpu_share: flags.GpuShare = None,
     short: bool = typer.Option(
         False,
         "--short",
@@ -62,6 +65,7 @@ def claim(
     exact = (parse_gpu_spec(gpu),) if gpu else ()
     if exact and node and exact[0][0] != node:
         raise UsageError("--node and --gpu name different nodes")
+    mem, part = flags.share_asked(gpu_mem, gpu_share)
     req = ClaimRequest(
         user=st.user,
         count=count or (0 if reservation else 1),
@@ -71,6 +75,8 @@ def claim(
         note=clean_note(note),
         adopt=adopt,
         reservation=reservation,
+        gpu_mem_mib=mem,
+        gpu_share=part,
     )
     with waiting("looking for free GPUs", quiet):
         result = claim_gpus(st.config, st.store, req, st.prober, say=say_on_stderr(quiet))

@@ -59,6 +59,8 @@ def run(
     preemptible: flags.Preemptible = False,
     requeue: flags.Requeue = False,
     preempt_signal: flags.PreemptSignal = None,
+    gpu_mem: flags.GpuMem = None,
+    gpu_share: flags.GpuShare = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from gpuclaim.core.durations import format_duration
 from gpuclaim.core.model import Claim, parse_iso
+from gpuclaim.core.share_policy import format_mib
 from gpuclaim.core.states import (
     FaceState,
     GpuState,
@@ -22,6 +23,7 @@ from gpuclaim.core.states import (
 )
 from gpuclaim.engine.bookings import booking_phrase
 from gpuclaim.engine.cluster import ClusterView, GpuRow
+from gpuclaim.engine.share_placement import shares_text
 
 if TYPE_CHECKING:
     from gpuclaim.app.doctor import NodeHealth
@@ -89,6 +91,10 @@ def _status_cells(
         service = services.get(row.claim.id)
         if service is not None:  # its URL and health say more than "job NAME"
             note, row = f"service {service.name} {service.url} ({service.health})", _bare(row)
+    if row.shares:  # who holds which part, and what is left (alice 20G · bob 40G · 20G free)
+        holder = ", ".join(dict.fromkeys(c.user for c in row.shares))
+        left = _left(min(row.shares, key=lambda c: c.expires), now)
+        note = shares_text(row)
     if row.reason and row.state != GpuState.CLAIMED:
         note = row.reason if not note else f"{note} ({row.reason})"
     if row.claim is not None and row.state == GpuState.CLAIMED and row.reason:
@@ -129,6 +135,7 @@ def booking_note(row: GpuRow, now: float) -> str:
 
 # status's summary line: the counts after the free ones, in this order.
 _SUMMARY_STATES = (
+    GpuState.SHARED,
     GpuState.RESERVED,
     GpuState.CLAIMED,
     GpuState.BUSY_UNCLAIMED,
@@ -153,12 +160,18 @@ def status_summary(view: ClusterView) -> str:
 def claim_lines(claim: Claim) -> list[str]:
     gpus = ",".join(map(str, claim.indices))
     until = _clock(claim.expires)
-    return [
-        f"Claimed {claim.node} GPU{'s' if len(claim.gpus) > 1 else ''} {gpus} for "
+    part = ""
+    if claim.shared:
+        part = f" ({format_mib(claim.mem_mib)} of its {format_mib(claim.mem_total_mib)}, shared)"
+    lines = [
+        f"Claimed {claim.node} GPU{'s' if len(claim.gpus) > 1 else ''} {gpus}{part} for "
         f"{format_duration(round((claim.expires - claim.since) / 60) * 60)} (until {until}), "
         f"claim {claim.id}.",
         f"  export CUDA_VISIBLE_DEVICES={gpus}",
     ]
+    if claim.shared:  # what a job of gpuclaim's is told; by hand, the same holds
+        lines.append(f"  keep to {claim.mem_mib} MiB: others' work shares this GPU")
+    return lines
 
 
 def history_table(rows: Sequence[dict[str, Any]], by: str) -> Table:

@@ -171,6 +171,22 @@ PreemptSignal = Annotated[
         autocompletion=completion.complete_signals,
     ),
 ]
+GpuMem = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gpu-mem",
+        metavar="SIZE",
+        help="Part of one GPU: this much of its memory (20G, 512M), beside others' parts.",
+    ),
+]
+GpuShare = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gpu-share",
+        metavar="PART",
+        help="Part of one GPU: this part of its memory (0.25 or 25%), beside others' parts.",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -207,6 +223,8 @@ class RunFlags:
     preemptible: bool = False
     requeue: bool = False
     preempt_signal: Optional[str] = None
+    gpu_mem: Optional[str] = None
+    gpu_share: Optional[str] = None
     as_json: bool = False
     quiet: bool = False
 
@@ -234,6 +252,13 @@ class RunFlags:
             raise UsageError("--preemptible work needs no booking: it runs on whatever is idle")
         if self.gpu is not None:
             self._check_gpu()
+        mem, part = share_asked(self.gpu_mem, self.gpu_share)
+        if mem or part:
+            from gpuclaim.core.share_policy import checked_share
+
+            checked_share(mem, part, self.count or 1, self.nodes or 1)
+            if self.reservation:
+                raise UsageError("--gpu-mem/--gpu-share hold part of a GPU: not with --reservation")
 
     def _check_gpu(self) -> None:
         """``--gpu`` names the GPUs itself: a count or a node beside it must agree, and it
@@ -275,6 +300,7 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
 
         node, exact = parse_gpu_spec(flags.gpu)
         count = len(exact)
+    mem, part = share_asked(flags.gpu_mem, flags.gpu_share)
     return RunRequest(
         user=st.user,
         argv=tuple(flags.command),
@@ -300,7 +326,20 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         preemptible=flags.preemptible,
         requeue=flags.requeue,
         preempt_signal=signal_name(flags.preempt_signal or "USR1"),
+        gpu_mem_mib=mem,
+        gpu_share=part,
     )
+
+
+def share_asked(gpu_mem: Optional[str], gpu_share: Optional[str]) -> tuple[int, float]:
+    """``--gpu-mem`` in MiB and ``--gpu-share`` as a part (0 for what was not given)."""
+    from gpuclaim.core.share_policy import parse_gpu_mem, parse_gpu_share
+
+    mem = parse_gpu_mem(gpu_mem) if gpu_mem is not None else 0
+    part = parse_gpu_share(gpu_share) if gpu_share is not None else 0.0
+    if mem and part:
+        raise UsageError("give --gpu-mem or --gpu-share, not both")
+    return mem, part
 
 
 def signal_name(text: str) -> str:

@@ -73,6 +73,8 @@ def serve(
     sync: flags.Sync = None,
     sync_dir: flags.SyncDir = None,
     env: flags.Env = None,
+    gpu_mem: flags.GpuMem = None,
+    gpu_share: flags.GpuShare = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:
@@ -106,6 +108,8 @@ def serve(
         sync=sync,
         sync_dir=sync_dir,
         env=env,
+        gpu_mem=gpu_mem,
+        gpu_share=gpu_share,
         as_json=as_json,
         quiet=quiet,
     )

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from gpuclaim.app.hostlists import one_node
 from gpuclaim.cli import completion
+from gpuclaim.cli import run_flags as flags
 from gpuclaim.cli.common import out, print_json, state
 from gpuclaim.cli.jobs import _exec_outside_tmux, _submit_and_report
 from gpuclaim.core.durations import parse_duration
@@ -27,6 +28,8 @@ def shell(
     ),
     time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
     name: Optional[str] = typer.Option(None, "--name", help="Session name."),
+    gpu_mem: flags.GpuMem = None,
+    gpu_share: flags.GpuShare = None,
     as_json: bool = typer.Option(
         False, "--json", help="Print the job as JSON (and attach later: gpuclaim attach NAME)."
     ),
@@ -43,6 +46,7 @@ def shell(
         node=one_node(node),
         time_s=parse_duration(time_),
         kind=JobKind.SHELL.value,
+        **_share(gpu_mem, gpu_share),
     )
     job = _submit_and_report(st, req, wait=False, as_json=as_json)
     if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
@@ -60,6 +64,8 @@ def notebook(
     ),
     time_: str = typer.Option("4h", "--time", "-t", help="Time limit (required to be finite)."),
     name: Optional[str] = typer.Option(None, "--name", help="Job name."),
+    gpu_mem: flags.GpuMem = None,
+    gpu_share: flags.GpuShare = None,
     as_json: bool = typer.Option(
         False, "--json", help="Print the job, its port and the tunnel command as JSON."
     ),
@@ -77,6 +83,7 @@ def notebook(
         node=one_node(node),
         time_s=parse_duration(time_),
         kind=JobKind.NOTEBOOK.value,
+        **_share(gpu_mem, gpu_share),
     )
     job = _submit_and_report(st, req, wait=False, as_json=False, quiet=as_json)
     deadline = time.monotonic() + 30
@@ -103,3 +110,9 @@ def notebook(
         f"  {tunnel}\n"
         f"  http://localhost:{job.port}/  (token: gpuclaim logs {job.name})"
     )
+
+
+def _share(gpu_mem: Optional[str], gpu_share: Optional[str]) -> dict[str, Any]:
+    """A session on part of one GPU (``--gpu-mem``/``--gpu-share``), as ``run`` takes it."""
+    mem, part = flags.share_asked(gpu_mem, gpu_share)
+    return {"gpu_mem_mib": mem, "gpu_share": part}

@@ -16,6 +16,7 @@ from gpuclaim.core import paths
 from gpuclaim.core.durations import duration_setting, parse_bytes
 from gpuclaim.core.errors import ConfigError, GpuclaimError
 from gpuclaim.core.identity import validate_name
+from gpuclaim.core.share_policy import SharePolicy, parse_share_policy
 from gpuclaim.core.typos import closest
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -33,19 +34,8 @@ DEFAULT_IGNORED_PROCESSES = (
     "gdm-x-session",
 )
 _TOP_KEYS = {
-    "cluster",
-    "nodes",
-    "storage",
-    "ssh_config",
-    "user",
-    "agent_command",
-    "ssh_client",
-    "defaults",
-    "node",
-    "slack",
-    "idle",
-    "run",
-    "queue",
+    *("cluster", "nodes", "storage", "ssh_config", "user", "agent_command", "ssh_client"),
+    *("defaults", "node", "slack", "idle", "run", "queue", "share"),
 }
 _DEFAULT_KEYS = {
     "time",
@@ -185,6 +175,7 @@ class Config:
     slack: SlackConfig = field(default_factory=SlackConfig)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     queue: QueuePolicy = field(default_factory=QueuePolicy)
+    share: SharePolicy = field(default_factory=SharePolicy)  # [share]: shares of one GPU
     run: WorkEnv = field(default_factory=WorkEnv)  # [run]: every job's defaults
     keep_copies_s: float = 7 * 86400  # [run] keep_copies: a --sync copy after its job ended
     sync_max_bytes: int = 1 << 30  # [run] sync_max: a bigger --sync is refused
@@ -304,6 +295,7 @@ def parse_config(raw: dict[str, Any], path: Optional[Path] = None) -> Config:
         slack=slack,
         idle=idle,
         queue=queue,
+        share=parse_share_policy(_table(raw, "share")),
         run=run,
         keep_copies_s=keep_copies,
         sync_max_bytes=sync_max,

@@ -25,8 +25,26 @@ def claim_event(
         extra={
             **({"note": claim.note} if claim.note else {}),
             **({"preemptible": True} if claim.preemptible else {}),
+            **(
+                {"share": round(claim.fraction, 4), "mem_mib": claim.mem_mib}
+                if claim.shared
+                else {}
+            ),
         },
     )
+
+
+def _share_extra(claim: Claim) -> dict[str, Any]:
+    return {"share": round(claim.fraction, 4), "mem_mib": claim.mem_mib}
+
+
+def event_gpu_weight(event: Event) -> float:
+    """GPUs a claim's event stands for: a share's by its part of its GPU (extra "share")."""
+    try:
+        part = float(event.extra.get("share", 1.0))
+    except (TypeError, ValueError):
+        part = 1.0
+    return len(event.gpus) * min(1.0, max(0.0, part))
 
 
 def job_event(kind: EventType, job: Job, ts: float, more: Optional[dict[str, Any]] = None) -> Event:

@@ -78,7 +78,7 @@ def decay(value: float, elapsed_s: float, half_life_s: float) -> float:
 
 
 def decayed_gpu_seconds(
-    gpus: int, start: float, end: float, now: float, half_life_s: float
+    gpus: float, start: float, end: float, now: float, half_life_s: float
 ) -> float:
     """``gpus`` GPUs held from ``start`` to ``end``, each second counted as of ``now``: the
     integral of 2^(-(now - t) / half_life) over the hold."""

@@ -19,6 +19,7 @@ class GpuState(str, Enum):
     STALE = "stale"
     UNREACHABLE = "unreachable"
     RESERVED = "reserved"  # free, inside someone's booking window: theirs alone
+    SHARED = "shared"  # held by shares of its memory (--gpu-mem): room for more, never whole
 
     def __str__(self) -> str:
         return self.value
@@ -67,6 +68,7 @@ class FaceState(str, Enum):
     STALE = "stale"
     UNREACHABLE = "unreachable"
     RESERVED = "reserved"
+    SHARED = "shared"
     DRAINED = "drained"  # free, on a node that takes no new claims
     PROBING = "probing"  # its node has not answered the board's first look yet
 
@@ -200,6 +202,8 @@ def face_style(state: FaceState) -> str:
         return "dim red"
     if state is FaceState.RESERVED:
         return "cyan"  # free, inside someone's booking window
+    if state is FaceState.SHARED:
+        return "blue"  # held in parts, room for more parts
     if state is FaceState.DRAINED:
         return "dim green"
     if state is FaceState.PROBING:

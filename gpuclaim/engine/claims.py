@@ -20,6 +20,7 @@ from gpuclaim.core.errors import (
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
 from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType
+from gpuclaim.core.share_policy import gpu_count
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
 from gpuclaim.engine.bookings import (
     blocked_message,
@@ -49,6 +50,7 @@ from gpuclaim.engine.preempt import (
     hand_over,
     yieldable,
 )
+from gpuclaim.engine.share_placement import pick_share, share_claim_fields, share_wanted
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
 RACE_RETRIES = 8
@@ -118,12 +120,16 @@ def claim_gpus(
     view = build_view(config, store, nodes, prober=prober, fits=fits)
     if booked is not None:
         req = _within(view, req, booked, duration, preempting=say is not None)
+    _check_share_terms(req)
     _check_user_limit(config, view, req)
     for attempt in range(RACE_RETRIES):
         try:
             node, rows = _pick(config, view, req, duration)
         except ConflictError:
-            handover = find_handover(config, view, req, duration) if say else None
+            # a share preempts nobody: a preemptible whole job's GPU is not its to take
+            handover = (
+                find_handover(config, view, req, duration) if say and not req.shared else None
+            )
             if handover is None or say is None:
                 raise
             try:
@@ -133,25 +139,12 @@ def claim_gpus(
                     raise
                 view = build_view(config, store, nodes, view.inventories)  # the winner's too
                 continue
+        if req.shared:
+            _check_user_limit(config, view, req, _share_part(rows[0], req))
         _reap_stale(store, view, rows, req.user)
         now = store.now()
         expires = min(hold_until(r, req, now, now + duration) for r in rows)
-        claim = Claim(
-            id=new_claim_id(),
-            user=req.user,
-            node=node,
-            gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in rows),
-            since=now,
-            expires=expires,
-            note=req.note,
-            job=req.job,
-            host=this_host(),
-            pid=os.getpid(),
-            adopted=req.adopt,
-            preemptible=req.preemptible,
-            keep_when_idle=req.keep_when_idle,
-            service=req.service,
-        )
+        claim = _new_claim(req, node, rows, now, expires)
         try:
             store.acquire(claim)
         except ConflictError:
@@ -176,9 +169,33 @@ def claim_gpus(
     raise ConflictError("could not claim: other claims kept winning the race; try again")
 
 
+def _new_claim(
+    req: ClaimRequest, node: str, rows: list[GpuRow], now: float, expires: float
+) -> Claim:
+    return Claim(
+        id=new_claim_id(),
+        user=req.user,
+        node=node,
+        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in rows),
+        since=now,
+        expires=expires,
+        note=req.note,
+        job=req.job,
+        host=this_host(),
+        pid=os.getpid(),
+        adopted=req.adopt,
+        preemptible=req.preemptible,
+        keep_when_idle=req.keep_when_idle,
+        service=req.service,
+        **(share_claim_fields(rows[0], req) if req.shared else {}),
+    )
+
+
 def _pick(
     config: Config, view: ClusterView, req: ClaimRequest, duration: float
 ) -> tuple[str, list[GpuRow]]:
+    if req.shared:
+        return pick_share(config, view, req, view.snapshot.now + duration)
     if req.adopt:
         return pick_adopt(view, req)
     if req.exact:
@@ -434,8 +451,10 @@ def undrain_node(config: Config, store: Store, user: str, node: str) -> bool:
 
 
 def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) -> None:
-    """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first."""
+    """Chosen GPUs that hold a stale claim or a damaged file are taken over: reap first (a
+    shared GPU's stale shares too, whatever its state: they hold memory in the store)."""
     for row in rows:
+        _reap_stale_shares(store, view, row, user)
         if row.state != GpuState.STALE:
             continue
         if row.claim is None:
@@ -447,6 +466,20 @@ def _reap_stale(store: Store, view: ClusterView, rows: list[GpuRow], user: str) 
         if status is not None and _remove_claim(store, status):
             kind = EventType.EXPIRE if status.reason == "expired" else EventType.REAP
             end = status.claim.expires if kind is EventType.EXPIRE else view.snapshot.now
+            store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
+            if status.reason == "job lost":
+                finish_lost_claim(store, status.claim)
+
+
+def _reap_stale_shares(store: Store, view: ClusterView, row: GpuRow, user: str) -> None:
+    snap = view.snapshot
+    for cf in snap.damaged_shares(row.uuid or ""):
+        if not cf.unreadable:
+            store.quarantine_corrupt(cf)
+    for status in snap.shares_of(row.uuid or ""):
+        if status.state == GpuState.STALE and _remove_claim(store, status):
+            kind = EventType.EXPIRE if status.reason == "expired" else EventType.REAP
+            end = status.claim.expires if kind is EventType.EXPIRE else snap.now
             store.append_event(claim_event(kind, status.claim, end, by=user, reason=status.reason))
             if status.reason == "job lost":
                 finish_lost_claim(store, status.claim)
@@ -472,25 +505,50 @@ def _remove_claim(store: Store, status: ClaimStatus) -> bool:
     return removed
 
 
-def _check_user_limit(config: Config, view: ClusterView, req: ClaimRequest) -> None:
+def _check_share_terms(req: ClaimRequest) -> None:
+    if not req.shared:
+        return
+    if req.adopt or req.reservation:
+        what = "--adopt" if req.adopt else "--reservation"
+        raise UsageError(f"--gpu-mem/--gpu-share hold part of a GPU: not with {what}")
+    if req.count != 1 or (req.exact and len(req.exact[0][1]) != 1):
+        raise UsageError("--gpu-mem/--gpu-share hold part of one GPU: name one GPU at most")
+
+
+def _share_part(row: GpuRow, req: ClaimRequest) -> float:
+    total = row.gpu.memory_total_mib if row.gpu is not None else 0
+    return min(1.0, share_wanted(row, req) / total) if total else 1.0
+
+
+def _check_user_limit(
+    config: Config, view: ClusterView, req: ClaimRequest, wanted: Optional[float] = None
+) -> None:
+    """max_gpus_per_user, a share counted by its part of its GPU (known once it is placed:
+    ``wanted``; before that a share is checked as nothing more)."""
     limit = config.limits.max_gpus_per_user
     if not limit:
         return
-    held = held_gpus(view.snapshot).get(req.user, 0)
-    wanted = sum(len(i) for _, i in req.exact) if req.exact else req.count
-    if held + wanted > limit:
+    held = held_gpus(view.snapshot).get(req.user, 0.0)
+    if wanted is None:
+        wanted = (
+            0.0
+            if req.shared
+            else float(sum(len(i) for _, i in req.exact) if req.exact else req.count)
+        )
+    if held + wanted > limit + 1e-9:
         raise ConflictError(
-            f"{req.user} holds {held} GPUs; {wanted} more would pass the limit of {limit} per user",
+            f"{req.user} holds {gpu_count(held)} GPUs; {gpu_count(wanted)} more would pass "
+            f"the limit of {limit} per user",
             hint="release a claim first",
         )
 
 
-def held_gpus(snapshot: Snapshot) -> dict[str, int]:
-    """GPUs each user holds now (claims and jobs'), for max_gpus_per_user."""
-    held: dict[str, int] = {}
+def held_gpus(snapshot: Snapshot) -> dict[str, float]:
+    """GPUs each user holds now (claims and jobs'; a share by its part), for max_gpus_per_user."""
+    held: dict[str, float] = {}
     for s in snapshot.claims.values():
         if s.state == GpuState.CLAIMED:
-            held[s.claim.user] = held.get(s.claim.user, 0) + len(s.claim.gpus)
+            held[s.claim.user] = held.get(s.claim.user, 0.0) + s.claim.gpu_weight
     return held
 
 

@@ -16,6 +16,7 @@ from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.core.protocol import probe_request
 from gpuclaim.core.records import Drain
+from gpuclaim.core.share_policy import holders_text
 from gpuclaim.core.states import SERVICE_DOWN, GpuState
 from gpuclaim.engine.bookings import settle_bookings, shown_booking
 from gpuclaim.store import ClaimStatus, Snapshot, Store
@@ -40,9 +41,27 @@ class GpuRow:
     reason: str = ""  # why stale / unreachable / busy
     foreign: tuple[GpuProcess, ...] = ()  # processes that make an unclaimed GPU busy
     booking: Optional[Booking] = None  # the open booking, else the next within a day
+    shares: tuple[Claim, ...] = ()  # the live shares of its memory (state shared)
+
+    @property
+    def share_room_mib(self) -> int:
+        """Memory a new share could take now: the GPU's less what its shares hold, and less
+        what is in use on it (a share's job not yet allocated counts as using all of it)."""
+        g = self.gpu
+        if g is None or not g.memory_total_mib:
+            return 0
+        held = sum(c.mem_mib for c in self.shares)
+        total = g.memory_total_mib
+        return max(0, min(total - held, total - (g.memory_used_mib or 0)))
+
+    @property
+    def shares_text(self) -> str:
+        """``alice 20G · bob 40G · 20G free``."""
+        return holders_text([(c.user, c.mem_mib) for c in self.shares], self.share_room_mib)
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
+        held = sum(c.mem_mib for c in self.shares)
         return {
             "node": self.node,
             "index": self.index,
@@ -56,6 +75,8 @@ class GpuRow:
             "claim": _claim_dict(self.claim),
             "reservation": self.booking.short_dict() if self.booking else None,
             "processes": [p.to_dict() for p in g.processes] if g else [],
+            "shares": [_share_dict(c) for c in self.shares],
+            "shared_mib": held,
         }
 
 
@@ -171,6 +192,7 @@ def build_view(
                         1
                         for g in inv.gpus
                         if g.uuid not in early.files
+                        and g.uuid not in early.shares
                         and not is_busy(g, foreign_processes(g, config.limits), config.limits)
                     )
                     >= fits
@@ -264,6 +286,8 @@ def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: L
         why = f"claim file {cf.error}"
         return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.STALE, gpu, None, why)
     foreign = foreign_processes(gpu, limits)
+    if status is None and gpu.uuid in snap.shares:
+        return _judge_shared(gpu, snap, foreign)
     if status is not None:
         return GpuRow(
             gpu.node, gpu.index, gpu.uuid, status.state, gpu, status.claim, status.reason, foreign
@@ -276,6 +300,31 @@ def judge_gpu(gpu: Gpu, status: Optional[ClaimStatus], snap: Snapshot, limits: L
             reason = f"{gpu.memory_used_mib} MiB in use by processes we cannot see, and no claim"
         state = GpuState.BUSY_UNCLAIMED
         return GpuRow(gpu.node, gpu.index, gpu.uuid, state, gpu, None, reason, foreign)
+    return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.FREE, gpu, None, "", foreign)
+
+
+def _judge_shared(gpu: Gpu, snap: Snapshot, foreign: tuple[GpuProcess, ...]) -> GpuRow:
+    """A GPU held in shares: ``shared`` while one lives; a damaged share file or only
+    stale shares make it ``stale`` (reclaimable: the claimer reaps them first)."""
+    statuses = snap.shares_of(gpu.uuid)
+    live = tuple(
+        sorted((s.claim for s in statuses if s.state == GpuState.CLAIMED), key=lambda c: c.since)
+    )
+    damaged = snap.damaged_shares(gpu.uuid)
+    if damaged:
+        why = f"share file {damaged[0].error}"
+        return GpuRow(
+            gpu.node, gpu.index, gpu.uuid, GpuState.STALE, gpu, None, why, foreign, shares=live
+        )
+    if live:
+        return GpuRow(
+            gpu.node, gpu.index, gpu.uuid, GpuState.SHARED, gpu, None, "", foreign, shares=live
+        )
+    if statuses:
+        first = statuses[0]
+        return GpuRow(
+            gpu.node, gpu.index, gpu.uuid, GpuState.STALE, gpu, first.claim, first.reason, foreign
+        )
     return GpuRow(gpu.node, gpu.index, gpu.uuid, GpuState.FREE, gpu, None, "", foreign)
 
 
@@ -322,6 +371,10 @@ def _describe(proc: GpuProcess) -> str:
     who = f"{proc.user}'s " if proc.user else ""
     mem = f" {proc.used_memory_mib / 1024:.1f} GiB" if proc.used_memory_mib is not None else ""
     return f"{who}{_basename(proc.name)} (pid {proc.pid}){mem}"
+
+
+def _share_dict(claim: Claim) -> dict[str, Any]:
+    return {**(_claim_dict(claim) or {}), "mem_mib": claim.mem_mib}
 
 
 def _claim_dict(claim: Optional[Claim]) -> Optional[dict[str, Any]]:

@@ -41,6 +41,12 @@ from gpuclaim.engine.policy import lab_config
 from gpuclaim.engine.preempt import begin_handover, end_handovers, find_handover, yielding_to
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
 from gpuclaim.engine.queue_reasons import Reason
+from gpuclaim.engine.share_placement import (
+    latest_share_end,
+    nothing_fits,
+    share_room_mib,
+    share_rows,
+)
 from gpuclaim.store import Snapshot, Store
 
 MAX_PROMISES = 32  # waiting jobs whose expected start a pass protects (the rest: their turn)
@@ -123,7 +129,7 @@ class _Pass:
         self.now = self.view.snapshot.now
         self.started: list[Job] = []
         self.plan = Plan(self.now, slots_of(self.view, [n.name for n in config.nodes]))
-        self.full = self._nothing_free()
+        self.full = nothing_free(self.view)
         self.held = held_gpus(self.view.snapshot)  # by user, as the view says
         self.jobs: dict[str, Job] = {}
         self.order: list[QueueEntry] = []
@@ -206,15 +212,20 @@ class _Pass:
         if out is not None:
             return out
         until = self.now + job.time_limit_s + CLAIM_MARGIN_S
-        req = ClaimRequest(user=job.user, count=job.gpus_per_node, preemptible=job.preemptible)
-        free = {
-            n: len(usable_rows(self.view, n, req, until))
-            for n in nodes
-            if n not in self.view.drains and n not in self.view.unreachable
-        }
+        req = ClaimRequest(
+            user=job.user,
+            count=job.gpus_per_node,
+            preemptible=job.preemptible,
+            gpu_mem_mib=job.gpu_mem_mib,
+            gpu_share=job.gpu_share,
+        )
+        usable = [n for n in nodes if n not in self.view.drains and n not in self.view.unreachable]
+        if job.shared:
+            return self._judge_share(entry, job, req, nodes, usable, until)
+        free = {n: len(usable_rows(self.view, n, req, until)) for n in usable}
         fit = [n for n, count in free.items() if count >= job.gpus_per_node]
         if len(fit) < job.nodes_wanted:
-            short = self._preempt_for(job, nodes, until - self.now)
+            short = preempt_for(self.config, self.store, self.view, job, nodes, until - self.now)
             return self._waits(job, nodes, short or reasons.resources(self.view, job, free, until))
         own = _booked_room(self.view, job)  # its owner's open booking delays nobody
         blockers = {n: self.plan.blocker(n, job.gpus_per_node, until) for n in fit}
@@ -222,6 +233,11 @@ class _Pass:
         if len(allowed) < job.nodes_wanted:
             first = next(b for b in blockers.values() if b is not None)
             return self._waits(job, nodes, reasons.priority(self._ahead_of(entry), first))
+        return self._start_if_ours(entry, job, nodes, allowed)
+
+    def _start_if_ours(
+        self, entry: QueueEntry, job: Job, nodes: list[str], allowed: list[str]
+    ) -> Optional[Reason]:
         if not runs_as(job, self.me) or self.store.check_job(job=job):
             reason, keep = not_ours(self.store, job, self.me, entry.name, allowed)
             return self._waits(job, nodes, reason) if reason and keep else reason
@@ -230,31 +246,32 @@ class _Pass:
             return self._waits(job, nodes, failed)
         return None
 
-    def _preempt_for(self, job: Job, nodes: list[str], duration: float) -> Optional[Reason]:
-        """GPUs that preemptible jobs hold make it fit: ask them to yield, with the GPUs
-        booked for its owner meanwhile (their wrappers' dispatch starts it once they ended);
-        why it waits then. None: preempting would not make it fit (or it preempts nobody)."""
-        if job.preemptible or job.nodes_wanted != 1 or job.reservation:
-            return None
-        under_way = yielding_to(self.view.snapshot.bookings, job.user, nodes)
-        if under_way is not None:
-            gpus = ",".join(map(str, under_way.indices))
-            return Reason(
-                ReasonCode.RESOURCES,
-                f"preemptible jobs yield {under_way.node} GPU {gpus} to {job.user}",
-            )
-        req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node)
-        handover = find_handover(self.config, self.view, req, duration)
-        if handover is None:
-            return None
-        try:
-            _, who = begin_handover(self.config, self.store, req, handover)
-        except GpuclaimError:
-            return None  # another pass or claim got there first: judged again next time
-        gpus = ",".join(map(str, handover.indices))
-        return Reason(
-            ReasonCode.RESOURCES, f"waiting for {who} to yield {handover.node} GPU {gpus}"
-        )
+    def _judge_share(
+        self,
+        entry: QueueEntry,
+        job: Job,
+        req: ClaimRequest,
+        nodes: list[str],
+        usable: list[str],
+        until: float,
+    ) -> Optional[Reason]:
+        """A share of one GPU: where one fits now, placed where it delays no waiting job (on a
+        GPU already shared at least as long, or where the plan has room for one GPU)."""
+        fit = {n: share_rows(self.view, n, req, until) for n in usable}
+        fit = {n: rows for n, rows in fit.items() if rows}
+        if not fit:
+            text = nothing_fits(self.view, req, usable)
+            return self._waits(job, nodes, Reason(ReasonCode.RESOURCES, text))
+        allowed = [
+            n
+            for n, rows in fit.items()
+            if any(r.shares and latest_share_end(r) >= until for r in rows)
+            or self.plan.blocker(n, 1, until) is None
+        ]
+        if not allowed:
+            first = next(b for n in fit if (b := self.plan.blocker(n, 1, until)) is not None)
+            return self._waits(job, nodes, reasons.priority(self._ahead_of(entry), first))
+        return self._start_if_ours(entry, job, nodes, allowed)
 
     def _may_run(self, entry: QueueEntry, job: Job) -> Optional[Reason]:
         """Its dependencies, booking and limits; cancels it when it never can run."""
@@ -279,7 +296,7 @@ class _Pass:
         if group and cap and running_tasks(self.view.snapshot, group) >= cap:
             return reasons.array_limit(cap)
         limit = self.config.limits.max_gpus_per_user
-        need = job.gpus_per_node * job.nodes_wanted
+        need = job.gpu_share or (0.0 if job.shared else job.gpus_per_node * job.nodes_wanted)
         if limit and self.held.get(job.user, 0) + need > limit:
             return reasons.user_limit(limit, job.user, self.held.get(job.user, 0))
         return None
@@ -323,9 +340,10 @@ class _Pass:
         if group and cap and running_tasks(snap, group) > cap:
             return reasons.array_limit(cap)
         limit = self.config.limits.max_gpus_per_user
-        held = held_gpus(snap).get(job.user, 0)
-        if limit and held > limit:
-            return reasons.user_limit(limit, job.user, held - job.gpus_per_node * job.nodes_wanted)
+        held = held_gpus(snap).get(job.user, 0.0)
+        if limit and held > limit + 1e-9:
+            mine = sum(s.claim.gpu_weight for s in snap.claims.values() if s.claim.job == job.id)
+            return reasons.user_limit(limit, job.user, held - mine)
         return None
 
     def _start(self, entry: QueueEntry, job: Job, ranks: list[JobRank]) -> None:
@@ -350,7 +368,7 @@ class _Pass:
             self.config, self.store, prober=self.prober, inventories=self.view.inventories
         )
         self.plan.slots = slots_of(self.view, [n.name for n in self.config.nodes])
-        self.full = self._nothing_free()
+        self.full = nothing_free(self.view)
         self.held = held_gpus(self.view.snapshot)
 
     def _give_back(self, job: Job, ranks: list[JobRank]) -> None:
@@ -370,16 +388,6 @@ class _Pass:
             ahead += e.job_id not in started
         return max(ahead, 1)
 
-    def _nothing_free(self) -> bool:
-        """No GPU free on any node this pass may use: nothing more can start (a GPU that
-        a preemptible job holds counts as free: a queued job may make it yield)."""
-        return not any(
-            r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED)
-            or (r.claim is not None and r.claim.preemptible and r.state == GpuState.CLAIMED)
-            for r in self.view.rows
-            if r.node not in self.view.drains
-        )
-
     def report(self) -> QueueReport:
         started = {j.id for j in self.started}
         verdicts: dict[str, Verdict] = {}
@@ -393,6 +401,45 @@ class _Pass:
                 len(verdicts) + 1, self.priorities[e.job_id], self.reasons.get(e.job_id)
             )
         return QueueReport(self.started, verdicts, dict(self.plan.starts))
+
+
+def preempt_for(
+    config: Config, store: Store, view: ClusterView, job: Job, nodes: list[str], duration: float
+) -> Optional[Reason]:
+    """GPUs that preemptible jobs hold make it fit: ask them to yield, with the GPUs
+    booked for its owner meanwhile (their wrappers' dispatch starts it once they ended);
+    why it waits then. None: preempting would not make it fit (or it preempts nobody)."""
+    if job.preemptible or job.nodes_wanted != 1 or job.reservation:
+        return None
+    under_way = yielding_to(view.snapshot.bookings, job.user, nodes)
+    if under_way is not None:
+        gpus = ",".join(map(str, under_way.indices))
+        return Reason(
+            ReasonCode.RESOURCES,
+            f"preemptible jobs yield {under_way.node} GPU {gpus} to {job.user}",
+        )
+    req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node)
+    handover = find_handover(config, view, req, duration)
+    if handover is None:
+        return None
+    try:
+        _, who = begin_handover(config, store, req, handover)
+    except GpuclaimError:
+        return None  # another pass or claim got there first: judged again next time
+    gpus = ",".join(map(str, handover.indices))
+    return Reason(ReasonCode.RESOURCES, f"waiting for {who} to yield {handover.node} GPU {gpus}")
+
+
+def nothing_free(view: ClusterView) -> bool:
+    """No GPU free on any node this pass may use: nothing more can start (a GPU that
+    a preemptible job holds counts as free: a queued job may make it yield)."""
+    return not any(
+        r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED)
+        or (r.state == GpuState.SHARED and share_room_mib(r) > 0)
+        or (r.claim is not None and r.claim.preemptible and r.state == GpuState.CLAIMED)
+        for r in view.rows
+        if r.node not in view.drains
+    )
 
 
 def _booked_room(view: ClusterView, job: Job) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.events import event_gpu_weight
 from gpuclaim.core.model import Event, EventType
 from gpuclaim.core.priority import decay, decayed_gpu_seconds
 from gpuclaim.core.states import GpuState
@@ -36,7 +37,7 @@ def use_by_user(config: Config, store: Store, snap: Snapshot) -> dict[str, float
         if status.state != GpuState.CLAIMED or status.claim.preemptible:
             continue
         c = status.claim
-        held = decayed_gpu_seconds(len(c.gpus), c.since, min(now, c.expires), now, half_life)
+        held = decayed_gpu_seconds(c.gpu_weight, c.since, min(now, c.expires), now, half_life)
         use[c.user] = use.get(c.user, 0.0) + held
     return use
 
@@ -67,7 +68,9 @@ def _fold_ended(store: Store, half_life: float, now: float) -> dict[str, float]:
                 continue
             counted.add(event.claim_id or "")
             seen.append(event.claim_id or "")
-            gpu_s = decayed_gpu_seconds(len(event.gpus), event.since, event.ts, now, half_life)
+            gpu_s = decayed_gpu_seconds(
+                event_gpu_weight(event), event.since, event.ts, now, half_life
+            )
             users[event.user] = users.get(event.user, 0.0) + gpu_s
         cursors[log] = offset + complete
         moved = True

@@ -28,6 +28,7 @@ from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import EventType, Job, JobKind, iso
 from gpuclaim.core.priority import MAX_NICE, parse_entry
 from gpuclaim.core.service import ServiceSpec
+from gpuclaim.core.share_policy import checked_share
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
 from gpuclaim.engine.array_records import note_task_end
 from gpuclaim.engine.bookings import booking_for, settle_bookings
@@ -88,6 +89,8 @@ class RunRequest:
     requeue: bool = False  # --requeue: back to the queue when preempted
     preempt_signal: str = "USR1"  # --preempt-signal: what it gets first when preempted
     service: Optional[ServiceSpec] = None  # gpuclaim serve: port (0: auto), health, restarts
+    gpu_mem_mib: int = 0  # --gpu-mem: a share of one GPU, this much of its memory
+    gpu_share: float = 0.0  # --gpu-share: ... or this part of it
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -129,6 +132,9 @@ def checked_time(config: Config, req: RunRequest) -> float:
         raise UsageError("--venv and --conda: a job runs in one of them")
     if req.sync and req.workdir:
         raise UsageError("--sync runs the job in its copy: --workdir cannot say otherwise")
+    checked_share(req.gpu_mem_mib, req.gpu_share, req.count, req.nodes)
+    if (req.gpu_mem_mib or req.gpu_share) and req.reservation:
+        raise UsageError("--gpu-mem/--gpu-share hold part of a GPU: not with --reservation")
     if not 0 <= req.nice <= MAX_NICE:
         raise UsageError(f"--nice must be from 0 to {MAX_NICE}, not {req.nice}")
     limit = config.limits.max_gpus_per_user
@@ -180,6 +186,8 @@ def job_from_request(
         requeue=req.requeue,
         preempt_signal=req.preempt_signal,
         service=req.service,
+        gpu_mem_mib=req.gpu_mem_mib,
+        gpu_share=req.gpu_share,
         **more,
     )
 

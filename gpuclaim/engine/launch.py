@@ -152,6 +152,8 @@ def place_and_claim(
             preemptible=job.preemptible,
             service=job.service is not None,
             keep_when_idle=job.service is not None and not job.service.idle_release,
+            gpu_mem_mib=job.gpu_mem_mib,
+            gpu_share=job.gpu_share,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view), say=say)
@@ -345,4 +347,6 @@ def _rank(rank: int, claim: Claim) -> JobRank:
         gpus=tuple(claim.indices),
         gpu_uuids=tuple(g.uuid for g in sorted(claim.gpus, key=lambda g: g.index)),
         claim_id=claim.id,
+        mem_mib=claim.mem_mib,
+        mem_total_mib=claim.mem_total_mib,
     )

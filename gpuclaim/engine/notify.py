@@ -34,6 +34,7 @@ UNREACHABLE_MESSAGES = GpuState.UNREACHABLE.value
 PREEMPTED_MESSAGES = JobState.PREEMPTED.value  # a preemptible job yields its GPUs
 SERVICE_MESSAGES = JobKind.SERVICE.value  # a service went down, came back (gave up: its end)
 OWNER_MESSAGES = "owner"  # a job waits for its owner's account; a record naming one refused
+SHARE_MESSAGES = "share"  # a share's job used more than its share of its GPU
 # Event types that become messages, and their names in ``[slack] events``.
 MESSAGE_EVENTS: dict[str, str] = {
     EventType.JOB_START: "job_started",
@@ -59,6 +60,7 @@ MESSAGE_EVENTS: dict[str, str] = {
     EventType.RESERVE_NOSHOW: "reservation",
     EventType.OWNER_TURN: OWNER_MESSAGES,
     EventType.REFUSED: OWNER_MESSAGES,
+    EventType.SHARE_EXCEEDED: SHARE_MESSAGES,
 }
 DEFAULT_EVENTS = (
     "job_started",
@@ -73,6 +75,7 @@ DEFAULT_EVENTS = (
     PREEMPTED_MESSAGES,
     SERVICE_MESSAGES,
     OWNER_MESSAGES,
+    SHARE_MESSAGES,
 )
 PERMANENT_ERRORS = (
     "invalid_payload",
@@ -222,6 +225,8 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
             f"🚨 a job *{extra.get('job')}* naming {who} was refused by {_esc(event.by or '?')}"
             f" and never ran: {_esc(str(extra.get('why') or ''))}"
         )
+    elif event.type == EventType.SHARE_EXCEEDED:
+        text = _over_share_text(extra, who, where)
     elif event.type == EventType.EXPIRE:
         text = f"⌛ {who}'s claim on {where} expired"
     elif event.type == EventType.CLAIM_EXPIRING:
@@ -237,6 +242,14 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     else:
         text = f"{_esc(event.type)}: {who} {where}"
     return {"text": _plain(text), "blocks": [_section(text)]}
+
+
+def _over_share_text(extra: dict[str, Any], who: str, where: str) -> str:
+    stopped = "; stopped ([share] enforce = kill)" if extra.get("enforce") == "kill" else ""
+    return (
+        f"🐘 {who}'s job *{extra.get('job')}* on {where} used {extra.get('used_mib')} MiB, "
+        f"more than its share of {extra.get('share_mib')} MiB{stopped}"
+    )
 
 
 def _reservation_text(event: Event, extra: dict[str, Any], who: str, where: str) -> str:

@@ -39,6 +39,12 @@ class ClaimRequest:
     preemptible: bool = False  # a run --preemptible job's: yields to others, preempts nobody
     service: bool = False  # a service's (serve): max_service_time, not max_time
     keep_when_idle: bool = False  # ... that the idle policy never releases
+    gpu_mem_mib: int = 0  # a share of one GPU (--gpu-mem): this much of its memory
+    gpu_share: float = 0.0  # ... or this part of it (--gpu-share)
+
+    @property
+    def shared(self) -> bool:
+        return self.gpu_mem_mib > 0 or self.gpu_share > 0
 
 
 def hold_until(row: GpuRow, req: ClaimRequest, now: float, until: float) -> float:
@@ -201,6 +207,13 @@ def _nothing_free_message(
             b = blocking(view.snapshot.bookings, r.uuid or "", req.user, now, until)
             if b is not None and r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED):
                 in_way.setdefault(b.id, (b, []))[1].append(r.index or 0)
+        shared = [
+            f"{node} GPU {r.index} is shared ({r.shares_text})"
+            for r in rows
+            if r.state == GpuState.SHARED
+        ]
+        if shared:
+            parts[-1] += ": " + ", ".join(shared)
     want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
     text = f"no node has {want} free now ({', '.join(parts)})"
     if not in_way:

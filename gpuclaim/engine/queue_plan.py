@@ -39,6 +39,8 @@ def slots_of(view: ClusterView, nodes: Iterable[str]) -> Slots:
                 times.append(now)
             elif row.state == GpuState.CLAIMED and row.claim is not None:
                 times.append(max(now, row.claim.expires))
+            elif row.state == GpuState.SHARED and row.shares:  # whole once every share ended
+                times.append(max(now, max(c.expires for c in row.shares)))
             elif row.state == GpuState.RESERVED and row.booking is not None:
                 times.append(max(now, row.booking.end))
             else:

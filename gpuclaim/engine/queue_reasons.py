@@ -11,10 +11,12 @@ from typing import Any, Optional
 
 from gpuclaim.core.booking import Booking
 from gpuclaim.core.model import Job
+from gpuclaim.core.share_policy import gpu_count
 from gpuclaim.core.states import GpuState, ReasonCode
 from gpuclaim.core.when import format_when
 from gpuclaim.engine.bookings import blocking
 from gpuclaim.engine.cluster import ClusterView
+from gpuclaim.engine.share_placement import shares_text
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ def begin_time(begin: float, now: float) -> Reason:
     return Reason(ReasonCode.BEGIN_TIME, format_when(begin, now))
 
 
-def user_limit(limit: int, user: str, held: int) -> Reason:
-    return Reason(ReasonCode.USER_LIMIT, f"max_gpus_per_user = {limit}, {user} holds {held}")
+def user_limit(limit: int, user: str, held: float) -> Reason:
+    return Reason(
+        ReasonCode.USER_LIMIT, f"max_gpus_per_user = {limit}, {user} holds {gpu_count(held)}"
+    )
 
 
 def array_limit(limit: int) -> Reason:
@@ -97,7 +101,14 @@ def resources(view: ClusterView, job: Job, free: dict[str, int], until: float) -
         )
     want = f"{job.gpus_per_node} GPU{'s' if job.gpus_per_node != 1 else ''}"
     where = "on one node" if job.nodes_wanted == 1 else f"on each of {job.nodes_wanted} nodes"
-    return Reason(ReasonCode.RESOURCES, f"needs {want} {where}; {', '.join(counts)}")
+    shared = [
+        f"{node} GPU {r.index} is shared ({shares_text(r)})"
+        for node in free
+        for r in view.gpus_of(node)
+        if r.state == GpuState.SHARED
+    ]
+    tail = f"; {', '.join(shared[:3])}" if shared else ""
+    return Reason(ReasonCode.RESOURCES, f"needs {want} {where}; {', '.join(counts)}{tail}")
 
 
 def _booking_decides(

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.errors import GpuclaimError, IllegalTransition
 from gpuclaim.core.model import EventType, JobKind
 from gpuclaim.core.records import UsageSample
+from gpuclaim.core.share_policy import SharePolicy
 from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
+    from gpuclaim.core.inventory import Gpu
     from gpuclaim.core.protocol import KeeperSpec, WrapperSpec
 
 
@@ -42,6 +45,19 @@ class RankRecord:
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.interactive = self.job.kind == JobKind.SHELL
         self._notifier: Optional[threading.Thread] = None
+        self.share_notes: list[str] = []  # what the log says of a share's limits
+        self.share_flagged = False  # used more than its share: said once
+
+    @property
+    def share_policy(self) -> SharePolicy:
+        from gpuclaim.core.errors import ConfigError
+        from gpuclaim.core.share_policy import parse_share_policy
+
+        raw = self.spec["config"].get("share")
+        try:
+            return parse_share_policy(raw if isinstance(raw, dict) else {})
+        except ConfigError:
+            return SharePolicy()  # the laptop checked it; an older one's config is no share
 
     def _beat(self) -> None:
         if self.me.claim_id:
@@ -65,6 +81,8 @@ class RankRecord:
         util = {g.uuid: g.utilization_pct for g in inventory.gpus}
         if inventory.error or not all(u in util for u in self.me.gpu_uuids):
             return
+        if self.me.mem_mib:
+            self._check_share(inventory.gpus)
         sample: UsageSample = {
             "since": self.job.submitted,
             "utils": [util[u] for u in self.me.gpu_uuids],
@@ -76,6 +94,35 @@ class RankRecord:
             )
         except GpuclaimError:
             pass
+
+    def _check_share(self, gpus: Sequence[Gpu]) -> None:
+        """A share's processes using more of the GPU than the share: said once (event,
+        Slack, the log); with ``[share] enforce = "kill"``, the job is stopped for it."""
+        from gpuclaim.node.share_env import job_pids, share_used_mib
+
+        if self.share_flagged or self.child is None:
+            return
+        used = share_used_mib(gpus, self.me.gpu_uuids, job_pids(self.child.pid))
+        if used <= self.me.mem_mib:
+            return
+        self.share_flagged = True
+        from gpuclaim.core.events import job_event
+
+        enforce = self.share_policy.enforce
+        why = f"used {used} MiB, more than its share of {self.me.mem_mib} MiB"
+        more = {"used_mib": used, "share_mib": self.me.mem_mib, "enforce": enforce}
+        event = job_event(EventType.SHARE_EXCEEDED, self.job, self.store.now(), more)
+        try:
+            self.store.append_event(event)
+            self.store.mark_notices(scope="share", keys=[self.me.claim_id or self.job.id])
+        except GpuclaimError:
+            pass
+        with open(self.log_path, "ab") as log:
+            then = "; stopping it ([share] enforce = kill)" if enforce == "kill" else ""
+            log.write(f"\ngpuclaim: this job {why}{then}\n".encode())
+        if enforce == "kill" and self.stop_reason is None:
+            self.stop_reason = JobState.KILLED
+            self.job = self.job.with_(stop_requested=why)
 
     def _check_stop_request(self) -> None:
         try:

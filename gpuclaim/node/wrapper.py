@@ -49,6 +49,8 @@ class Wrapper(ChildRun):
             if error:
                 log.write(f"gpuclaim: {error}\n".encode())
                 return self._finish(JobState.FAILED, None, error)
+            for note in self.share_notes:
+                log.write(f"gpuclaim: {note}\n".encode())
             return self._supervise(env, log)
         except Exception as exc:  # the claim must be released whatever went wrong
             log.write(f"gpuclaim: wrapper error: {exc}\n".encode())
@@ -138,6 +140,17 @@ class Wrapper(ChildRun):
             env["GPUCLAIM_PREEMPT_GRACE"] = f"{float(self.spec['preempt_grace_s']):g}"
             env["GPUCLAIM_PREEMPT_DEADLINE"] = str(self.deadline_path)
         env.update({k: str(v) for k, v in self.spec["gang"].items()})
+        if self.me.mem_mib:  # a share of its GPU: told its size, capped where the node can
+            from gpuclaim.node.share_env import share_environment
+
+            told, self.share_notes = share_environment(
+                self.me.mem_mib,
+                self.me.mem_total_mib,
+                self.job.id,
+                self.share_policy.preload,
+                dict(self.job.env),
+            )
+            env.update(told)
         return env, None
 
     def _placed_indices(self) -> Optional[dict[str, int]]:

@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError
 from gpuclaim.core.model import Claim
+from gpuclaim.core.share_policy import holders_text
 from gpuclaim.core.states import SERVICE_DOWN, GpuState
-from gpuclaim.store.drains import DrainsPart
 from gpuclaim.store.files import (
     INCOMPLETE_GRACE_S,
     JOB_START_GRACE_S,
@@ -28,10 +28,11 @@ from gpuclaim.store.files import (
     _unlink_quiet,
     storage_error,
 )
+from gpuclaim.store.shares import SharesPart, is_share_path
 from gpuclaim.store.types import ClaimFile, ClaimStatus, Snapshot
 
 
-class ClaimsPart(DrainsPart):
+class ClaimsPart(SharesPart):
     def snapshot(self) -> Snapshot:
         """Read every claim file and drain mark; never raises for a damaged file."""
         now = self.now()
@@ -49,8 +50,10 @@ class ClaimsPart(DrainsPart):
             cf = self._read_claim_file(gpus_dir / name)
             if cf is not None:
                 snap.files[cf.uuid] = cf
+        snap.shares = self._read_shares(gpus_dir, names)
         snap.beats = self._beats()
-        snap.claims = self._judge(snap.files, now, snap.beats)
+        every = [*snap.files.values(), *(f for fs in snap.shares.values() for f in fs)]
+        snap.claims = self._judge(every, now, snap.beats)
         snap.drains = self.drains()
         return snap
 
@@ -106,12 +109,12 @@ class ClaimsPart(DrainsPart):
 
     def _judge(
         self,
-        files: dict[str, ClaimFile],
+        files: Iterable[ClaimFile],
         now: float,
         beats: Optional[dict[str, dict[str, Any]]] = None,
     ) -> dict[str, ClaimStatus]:
         by_id: dict[str, list[ClaimFile]] = {}
-        for f in files.values():
+        for f in files:
             if f.claim is not None:
                 by_id.setdefault(f.claim.id, []).append(f)
         result: dict[str, ClaimStatus] = {}
@@ -152,7 +155,11 @@ class ClaimsPart(DrainsPart):
         return _pid_alive(claim.pid)
 
     def acquire(self, claim: Claim) -> None:
-        """Publish ``claim`` on all its GPUs or on none; ConflictError names the holder."""
+        """Publish ``claim`` on all its GPUs or on none; ConflictError names the holder. A
+        share (``claim.shared``) is taken beside the GPU's other shares (store/shares.py)."""
+        if claim.shared:
+            self._acquire_share(claim)
+            return
         payload = _encode(claim.to_dict())
         tmp = self._stage(payload)
         taken: list[str] = []
@@ -165,6 +172,14 @@ class ClaimsPart(DrainsPart):
                     taken = []
                     raise ConflictError(_held_message(gpu_uuid, holder))
                 taken.append(gpu_uuid)
+            # Linked first, shares looked for second (store/shares.py: the two-flag exclusion)
+            for gpu in claim.gpus:
+                found = self.shares_in_way(gpu.uuid)
+                if found:
+                    sharing = [f.claim for f in found if f.claim is not None]
+                    self._give_back(claim.id, taken)
+                    taken = []
+                    raise ConflictError(_shared_message(claim.node, gpu.index, sharing))
         except OSError as exc:
             self._give_back(claim.id, taken)
             raise storage_error(self.root, exc) from exc
@@ -177,7 +192,9 @@ class ClaimsPart(DrainsPart):
 
     def remove_gpu(self, gpu_uuid: str, claim_id: Optional[str], *, inode: int = 0) -> bool:
         """Remove ``gpus/<uuid>.claim`` if it still holds ``claim_id`` (or, for a corrupt file,
-        is still the same inode). True if this call removed it."""
+        is still the same inode). True if this call removed it. A share's file is its own."""
+        if claim_id is not None and self._remove_share(gpu_uuid, claim_id):
+            return True
         target = self._p("gpus", f"{gpu_uuid}.claim")
         with self.gpu_lock(gpu_uuid):
             current = self._read_claim_file(target)
@@ -193,13 +210,18 @@ class ClaimsPart(DrainsPart):
 
     def quarantine_corrupt(self, cf: ClaimFile) -> bool:
         """Move a damaged claim file aside (kept for a person to look at, never deleted)."""
+        share = is_share_path(cf.path)
         with self.gpu_lock(cf.uuid):
-            current = self._read_claim_file(cf.path)
+            if share:
+                current = self._read_share_file(cf.path, cf.uuid)
+            else:
+                current = self._read_claim_file(cf.path)
             if current is None or current.claim is not None or current.inode != cf.inode:
                 return False
             if current.unreadable:
                 return False
-            dest = self._p("corrupt", f"{cf.uuid}.{int(self.now())}.{_nonce()}.claim")
+            kind = "share" if share else "claim"
+            dest = self._p("corrupt", f"{cf.uuid}.{int(self.now())}.{_nonce()}.{kind}")
             try:
                 os.rename(cf.path, dest)
             except FileNotFoundError:
@@ -208,6 +230,9 @@ class ClaimsPart(DrainsPart):
 
     def rewrite(self, old: Claim, new: Claim) -> None:
         """Replace a whole claim's files (extend): each under its lock, only if still ``old``."""
+        if old.shared:
+            self._rewrite_share(old, new)
+            return
         payload = _encode(new.to_dict())
         for gpu_uuid in sorted(old.uuids):
             target = self._p("gpus", f"{gpu_uuid}.claim")
@@ -221,6 +246,13 @@ class ClaimsPart(DrainsPart):
                 except OSError as exc:
                     _discard(tmp)
                     raise storage_error(self.root, exc) from exc
+
+
+def _shared_message(node: str, index: int, sharing: list[Claim]) -> str:
+    if not sharing:
+        return f"{node} GPU {index} holds a damaged share file ('gpuclaim gc' sets it aside)"
+    holders = holders_text([(c.user, c.mem_mib) for c in sharing], None)
+    return f"{node} GPU {index} is shared ({holders}): a whole claim waits until they end"
 
 
 def _held_message(gpu_uuid: str, holder: Optional[ClaimFile]) -> str:

@@ -70,6 +70,7 @@ class Snapshot:
     # job wrappers' heartbeats by claim id: {"mtime", "interval", "boot_id", "pid", "start"}
     beats: dict[str, dict[str, Any]] = field(default_factory=dict)
     bookings: list[Booking] = field(default_factory=list)  # live ones (reserve)
+    shares: dict[str, list[ClaimFile]] = field(default_factory=dict)  # by GPU uuid (--gpu-mem)
 
     def claim_for(self, gpu_uuid: str) -> Optional[ClaimStatus]:
         f = self.files.get(gpu_uuid)
@@ -77,9 +78,22 @@ class Snapshot:
             return None
         return self.claims.get(f.claim.id)
 
+    def shares_of(self, gpu_uuid: str) -> list[ClaimStatus]:
+        """The shares a GPU's memory is held by, as judged (stale ones included)."""
+        found = []
+        for f in self.shares.get(gpu_uuid, ()):
+            status = self.claims.get(f.claim.id) if f.claim is not None else None
+            if status is not None:
+                found.append(status)
+        return found
+
+    def damaged_shares(self, gpu_uuid: str) -> list[ClaimFile]:
+        return [f for f in self.shares.get(gpu_uuid, ()) if f.claim is None]
+
     def corrupt(self) -> list[ClaimFile]:
         """Damaged claim files (they parse as no claim): reclaimable. Unreadable ones are not."""
-        return [f for f in self.files.values() if f.claim is None and not f.unreadable]
+        every = [*self.files.values(), *(f for fs in self.shares.values() for f in fs)]
+        return [f for f in every if f.claim is None and not f.unreadable]
 
     def to_dict(self) -> dict[str, Any]:
         """The wire shape the node agent sends for storage over SSH."""
@@ -98,6 +112,7 @@ class Snapshot:
             "drains": self.drains,
             "beats": self.beats,
             "bookings": [b.to_record() for b in self.bookings],
+            "shares": [f.to_dict() for fs in self.shares.values() for f in fs],
         }
 
     @classmethod
@@ -112,6 +127,10 @@ class Snapshot:
             )
             for c in d.get("claims") or ()
         ]
+        shares: dict[str, list[ClaimFile]] = {}
+        for raw in d.get("shares") or ():
+            share = ClaimFile.from_dict(raw)
+            shares.setdefault(share.uuid, []).append(share)
         return cls(
             now=float(d["now"]),
             files={f.uuid: f for f in files},
@@ -119,4 +138,5 @@ class Snapshot:
             drains=dict(d.get("drains") or {}),
             beats=dict(d.get("beats") or {}),
             bookings=[Booking.from_record(b) for b in d.get("bookings") or ()],
+            shares=shares,
         )
