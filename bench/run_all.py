@@ -5,8 +5,8 @@ the plain tools, measured side by side in the same run, as one table of medians 
     python bench/run_all.py [--quick]
 
 Each part is its own script (run them alone for details): startup.py, claims.py, fanout.py,
-jobstart.py, board.py, sync.py, sweep.py. Machines are noisy: read the ratios, never a lone
-absolute time.
+jobstart.py, board.py, sync.py, sweep.py, shares.py. Machines are noisy: read the ratios,
+never a lone absolute time.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     board = run("board.py", "--repeat", "10", "--idle", "10", "--transport", "ssh", "--nodes", "16")
     synced = last_json(run("sync.py", "--repeat", "2" if args.quick else "3", "--json"))
     swept = last_json(run("sweep.py", "--finished", "3000" if args.quick else "10000"))
+    shared = last_json(run("shares.py", "--cli-repeat", "10" if args.quick else "30"))
     total = time.monotonic() - t0
 
     print(
@@ -119,6 +120,13 @@ def main() -> None:
         f"({m['ratio']:.2f}x, target <= 2.5); a dispatch pass with 1,000 queued "
         f"{d['pass_s'] * 1000:.0f} ms; jobs --json with the finished history "
         f"{h['jobs_10000_s']:.2f} s (empty {h['jobs_empty_s']:.2f} s)\n"
+    )
+    print("## 9. Shares of a GPU (--gpu-mem) against whole GPUs, interleaved\n")
+    print(
+        f"claim+release, store: share {shared['store_share_ms']} ms, whole "
+        f"{shared['store_whole_ms']} ms ({shared['store_ratio']}x); whole CLI step: share "
+        f"{shared['cli_share_ms']} ms, whole {shared['cli_whole_ms']} ms "
+        f"({shared['cli_ratio']}x, target <= 1.1)\n"
     )
     print(f"(whole suite: {total:.0f} s)")
 

@@ -68,10 +68,21 @@ def path_without_the_project(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     old = os.environ["PATH"]
     os.environ["PATH"] = f"{shims}{os.pathsep}{old}"
+    # A login shell whose profile runs `pyenv init` (this machine's root's does) rehashes
+    # under a lock file; a test that SIGKILLs a node's processes can kill one mid-rehash and
+    # leave the lock, and every later login shell then waits 60 s for it: past the wrapper's
+    # 30 s for a login shell, so local jobs failed at once (17 tests of one CI run). Jobs'
+    # login shells inherit this environment: a lock left behind costs them 2 s instead.
+    rehash = os.environ.get("PYENV_REHASH_TIMEOUT")
+    os.environ["PYENV_REHASH_TIMEOUT"] = "2"
     try:
         yield
     finally:
         os.environ["PATH"] = old
+        if rehash is None:
+            os.environ.pop("PYENV_REHASH_TIMEOUT", None)
+        else:
+            os.environ["PYENV_REHASH_TIMEOUT"] = rehash
 
 
 def _which_outside_venv(name: str) -> Optional[str]:

@@ -1026,3 +1026,32 @@ def test_cli_export_sbatch_needs_a_name_or_history(make_cluster):
     assert missing.returncode == 1 and "no job 'nosuchjob'" in missing.stderr
     none = c.cli("export", "sbatch", "--history", "3", "--out", str(c.root / "jobs"))
     assert none.returncode == 0 and "No jobs of yours in the last 3 days." in none.stdout
+
+
+def test_shards_for_shares_in_the_config_and_a_share_jobs_script():
+    """export slurm --shards 4: every GPU is also four shards; a --gpu-mem job's script asks
+    for the shards that hold its part (a real slurmctld runs them: test_slurm_real)."""
+    nodes = golden_inventory()
+    conf = render_slurm_conf(nodes, ExportOptions("Lab", shards_per_gpu=4))
+    assert "GresTypes=gpu,shard" in conf
+    assert "Gres=gpu:h100:8,shard:32" in conf
+    assert "NodeName=cpu01 " in conf and "shard" not in conf.split("NodeName=cpu01 ")[1].split()[0]
+    gres = render_gres_conf(nodes, 4)
+    assert "NodeName=gpu-ws-1 Name=shard Count=12" in gres  # its hostname, as slurmd knows it
+    assert "cpu01" not in gres
+    assert "GresTypes=gpu\n" in render_slurm_conf(nodes, GOLDEN_OPTS)  # none unless asked
+    rank = JobRank(0, "node01", (0,), ("GPU-a",), "c-1", "succeeded", 0, mem_mib=19074,
+                   mem_total_mib=81559)  # fmt: skip
+    job = Job(
+        id="j-1", name="eval", user="alice", argv=("python", "eval.py"), state="succeeded",
+        submitted=0.0, time_limit_s=3600, gpu_mem_mib=19074, ranks=(rank,),
+    )  # fmt: skip
+    script = render_sbatch(job, "h100", "h100", shards_per_gpu=4)
+    assert "#SBATCH --gres=shard:1\n" in script  # 19074 of 81559 MiB: 0.23 of a GPU
+    assert "1 of a GPU's 4 shards here" in script
+    half = render_sbatch(
+        Job(**{**job.__dict__, "gpu_share": 0.5, "gpu_mem_mib": 0}), shards_per_gpu=4
+    )
+    assert "#SBATCH --gres=shard:2\n" in half
+    whole = render_sbatch(job, "h100", "h100")
+    assert "#SBATCH --gres=gpu:h100:1\n" in whole and "here a whole GPU" in whole

@@ -242,7 +242,9 @@ def _history_command(migration: Path) -> str:
     return m.group(1)
 
 
-def _this_machine_export(tmp_path: Path, opts: Optional[ExportOptions] = None) -> Path:
+def _this_machine_export(
+    tmp_path: Path, opts: Optional[ExportOptions] = None, shards: int = 0
+) -> Path:
     """The export for GPUS on this machine's real hardware, rendered directly (fast): one
     machine per node, each with the node's name as its hostname."""
     hw = probe_hardware()
@@ -262,7 +264,7 @@ def _this_machine_export(tmp_path: Path, opts: Optional[ExportOptions] = None) -
     out = tmp_path / "export"
     out.mkdir()
     (out / "slurm.conf").write_text(render_slurm_conf(nodes, opts or ExportOptions("testbed")))
-    (out / "gres.conf").write_text(render_gres_conf(nodes))
+    (out / "gres.conf").write_text(render_gres_conf(nodes, shards))
     (out / "cgroup.conf").write_text(render_cgroup_conf())
     return out
 
@@ -420,6 +422,40 @@ def test_preemptible_jobs_yield_their_gpus_on_a_real_slurm(slurm, tmp_path):
     once = _fields(tb.run("scontrol", "-o", "show", "job", str(ids["once"])))
     assert once["JobState"] == "PREEMPTED" and once["Restarts"] == "0", once
     tb.run("scancel", str(ids["again"]))
+
+
+def test_shares_become_shards_a_real_slurm_runs_side_by_side(slurm, tmp_path):
+    """export slurm --shards 4: each GPU four shards. Two exported --gpu-mem jobs (a quarter
+    and a half of a GPU) run on one node's shards at once; slurmctld counts them."""
+    opts = ExportOptions("testbed", shards_per_gpu=4)
+    tb = slurm(_this_machine_export(tmp_path, opts, shards=4), GPUS)
+    node = _fields(tb.run("scontrol", "-o", "show", "node", "gpu01"))
+    assert "shard:8" in node["Gres"], node
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    ids = {}
+    for name, share in (("quarter", 0.25), ("half", 0.5)):
+        job = Job(
+            id=f"j-{name}",
+            name=name,
+            user="alice",
+            argv=("sh", "-c", f"date +%s.%N > {work / name}.start; sleep 4"),
+            state="succeeded",
+            submitted=0.0,
+            time_limit_s=600,
+            workdir=str(work),
+            gpu_share=share,
+        )
+        script = render_sbatch(job, "h100", "h100", shards_per_gpu=4)
+        assert f"#SBATCH --gres=shard:{int(share * 4)}" in script, script
+        (work / f"{name}.sbatch").write_text(script)
+        sent = tb.run("sbatch", "--parsable", "-w", "gpu01", str(work / f"{name}.sbatch"), cwd=work)
+        ids[name] = int(sent.strip().split(";")[0])
+    starts = {}
+    for name in ids:
+        assert tb.wait(ids[name])["JobState"] == "COMPLETED"
+        starts[name] = float((work / f"{name}.start").read_text())
+    assert abs(starts["quarter"] - starts["half"]) < 3, starts  # side by side: 4 s each
 
 
 def test_hardware_probe_agrees_with_slurmd(tmp_path):

@@ -1103,6 +1103,13 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                                                      'and fair share, with '
                                                                      'slurmdbd.conf for a '
                                                                      'MariaDB.'},
+                                                            {'names': ['--shards'],
+                                                             'value': '',
+                                                             'multiple': False,
+                                                             'help': 'Each GPU is also K shards '
+                                                                     '(gres/shard): what run '
+                                                                     '--gpu-mem jobs ask for in '
+                                                                     'SLURM (0: none).'},
                                                             {'names': ['-h', '--help'],
                                                              'value': None,
                                                              'multiple': False,
@@ -1130,6 +1137,13 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                                               'help': 'Directory for NAME.sbatch '
                                                                       'files (default: print '
                                                                       'one).'},
+                                                             {'names': ['--shards'],
+                                                              'value': '',
+                                                              'multiple': False,
+                                                              'help': 'As export slurm --shards: '
+                                                                      '--gpu-mem jobs ask for '
+                                                                      'shards of K (0: a whole '
+                                                                      'GPU).'},
                                                              {'names': ['-h', '--help'],
                                                               'value': None,
                                                               'multiple': False,

@@ -25,6 +25,9 @@ class Accounting(str, enum.Enum):
     slurmdbd = "slurmdbd"
 
 
+SHARDS_HELP = "Each GPU is also K shards (gres/shard): what run --gpu-mem jobs ask for in SLURM"
+
+
 @app.command("slurm", short_help="SLURM config files and MIGRATION.md for this cluster.")
 def slurm(
     ctx: typer.Context,
@@ -37,6 +40,9 @@ def slurm(
         "--accounting",
         help="file: a job-completion log, no database (sacct -c); slurmdbd: full accounting "
         "and fair share, with slurmdbd.conf for a MariaDB.",
+    ),
+    shards: int = typer.Option(
+        0, "--shards", min=0, max=1024, metavar="K", help=SHARDS_HELP + " (0: none)."
     ),
 ) -> None:
     """slurm.conf, gres.conf, cgroup.conf and MIGRATION.md for this cluster's nodes."""
@@ -60,12 +66,13 @@ def slurm(
         age_weight=st.config.queue.age_weight,
         preempt_grace_s=st.config.queue.preempt_grace_s,
         kill_wait_s=st.config.limits.kill_grace_s,
+        shards_per_gpu=shards,
     )
     snap = st.store.snapshot()
     reservations = se.render_reservations(snap.bookings, nodes, snap.now)
     files = {
         "slurm.conf": se.render_slurm_conf(nodes, opts),
-        "gres.conf": se.render_gres_conf(nodes),
+        "gres.conf": se.render_gres_conf(nodes, shards),
         "cgroup.conf": se.render_cgroup_conf(),
         "MIGRATION.md": se.render_migration_md(
             nodes, opts, bookings=len([b for b in snap.bookings if b.end > snap.now])
@@ -101,6 +108,14 @@ def sbatch(
     out_dir: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Directory for NAME.sbatch files (default: print one)."
     ),
+    shards: int = typer.Option(
+        0,
+        "--shards",
+        min=0,
+        max=1024,
+        metavar="K",
+        help="As export slurm --shards: --gpu-mem jobs ask for shards of K (0: a whole GPU).",
+    ),
 ) -> None:
     """An sbatch script per job: its command, environment, directory, GPUs and time limit."""
     from gpuclaim.app.slurm import jobs_since
@@ -119,7 +134,7 @@ def sbatch(
         if not jobs:
             out().print(f"No jobs {'' if all_users else 'of yours '}in the last {history} days.")
             return
-    scripts, skipped = _scripts(st, jobs, all_users)
+    scripts, skipped = _scripts(st, jobs, all_users, shards)
     for job_name, why in skipped:
         err().print(f"skipped {job_name}: {why}")
     if out_dir is None:
@@ -140,7 +155,7 @@ def sbatch(
 
 
 def _scripts(
-    st: Any, jobs: list[Any], all_users: bool
+    st: Any, jobs: list[Any], all_users: bool, shards: int = 0
 ) -> tuple[dict[str, tuple[str, Any]], list[tuple[str, str]]]:
     """{file name: (script, job)}, and (job, why) for the jobs that have no batch form. An
     array's tasks are one script (``--array``)."""
@@ -165,7 +180,9 @@ def _scripts(
         partition = se.partition_for(nodes, node, gpu_type) if nodes else None
         try:
             grace = st.config.queue.preempt_grace_s
-            text = se.render_sbatch(job, gpu_type, partition, tasks, preempt_grace_s=grace)
+            text = se.render_sbatch(
+                job, gpu_type, partition, tasks, preempt_grace_s=grace, shards_per_gpu=shards
+            )
         except GpuclaimError as exc:
             skipped.append((job.name, exc.message))
             continue

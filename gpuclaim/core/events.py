@@ -25,11 +25,7 @@ def claim_event(
         extra={
             **({"note": claim.note} if claim.note else {}),
             **({"preemptible": True} if claim.preemptible else {}),
-            **(
-                {"share": round(claim.fraction, 4), "mem_mib": claim.mem_mib}
-                if claim.shared
-                else {}
-            ),
+            **(_share_extra(claim) if claim.shared else {}),
         },
     )
 

@@ -72,7 +72,7 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
-        "GresTypes=gpu",
+        "GresTypes=gpu,shard" if opts.shards_per_gpu else "GresTypes=gpu",
         "# Refuse at submit time what exceeds a partition's limits (as gpuclaim does).",
         "EnforcePartLimits=ALL",
         "# A job being stopped gets SIGTERM, then this long, then SIGKILL (gpuclaim's",
@@ -90,7 +90,8 @@ def render_slurm_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
         "# Each is named by its hostname: slurmd finds its line by `hostname -s`.",
     ]
     out.extend(_node_notes(nodes))
-    for names, line in compress([(n.slurm_name, _node_line(n)) for n in nodes]):
+    lines = [(n.slurm_name, _node_line(n, opts.shards_per_gpu)) for n in nodes]
+    for names, line in compress(lines):
         out.append(f"NodeName={names} {line}")
     for name, why in opts.skipped:
         out.append(f"# {comment(name)} is not here: it did not answer ({comment(why)}).")
@@ -197,8 +198,9 @@ def render_slurmdbd_conf(nodes: Sequence[NodeSpec], opts: ExportOptions) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_gres_conf(nodes: Sequence[NodeSpec]) -> str:
-    """gres.conf: AutoDetect=nvml checks the GPUs; the File= lines work without NVML too."""
+def render_gres_conf(nodes: Sequence[NodeSpec], shards_per_gpu: int = 0) -> str:
+    """gres.conf: AutoDetect=nvml checks the GPUs; the File= lines work without NVML too.
+    With ``shards_per_gpu``, each node's GPUs are also that many shards each."""
     check_nodes(nodes)
     out = [
         "# gres.conf: the GPUs of each node. With AutoDetect=nvml, slurmd checks these lines",
@@ -213,6 +215,8 @@ def render_gres_conf(nodes: Sequence[NodeSpec]) -> str:
             typed = f" Type={t}" if t else ""
             files = _device_files(sorted(s.minor for s in slots))
             lines.append(f"Name=gpu{typed} File={files}")
+        if lines and shards_per_gpu:
+            lines.append(f"Name=shard Count={shards_per_gpu * len(n.gpus)}")
         if lines:
             entries.append((n.slurm_name, "\n".join(lines)))
     for names, block in compress(entries):
@@ -239,7 +243,7 @@ def render_cgroup_conf() -> str:
     )
 
 
-def _node_line(n: NodeSpec) -> str:
+def _node_line(n: NodeSpec, shards_per_gpu: int = 0) -> str:
     parts = [f"CPUs={n.cpus}"]
     if n.sockets and n.cores_per_socket and n.threads_per_core:
         parts += [
@@ -250,6 +254,8 @@ def _node_line(n: NodeSpec) -> str:
     if n.real_memory_mib:
         parts.append(f"RealMemory={n.real_memory_mib}")
     gres = [f"gpu:{t}:{len(s)}" if t else f"gpu:{len(s)}" for t, s in n.gpus_by_type().items()]
+    if gres and shards_per_gpu:  # run --gpu-mem's parts of a GPU: gres/shard
+        gres.append(f"shard:{shards_per_gpu * len(n.gpus)}")
     if gres:
         parts.append("Gres=" + ",".join(gres))
     if n.node_addr:

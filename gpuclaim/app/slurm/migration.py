@@ -55,6 +55,7 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions, bookings
         _wrap_step(i, text) for i, text in enumerate(_admin_steps(nodes, opts, controller), 1)
     )
     preemptible = migration_section(accounting, opts) if gpu_parts else ""
+    shares = _shares_paragraph(opts) if gpu_parts else ""
     return f"""# Moving {comment(opts.cluster)} from gpuclaim to SLURM
 
 SLURM does what gpuclaim did by agreement, and enforces it: you ask for GPUs, your job waits
@@ -87,7 +88,7 @@ partition with `--gres=gpu:N`.
 Each script keeps the job's command exactly, its environment, directory, GPUs and time
 limit. Its output goes to `logs/JOBID.out` in the job's directory: create `logs/` there.
 
-{preemptible}{_bookings_paragraph(bookings)}## For the administrator: switching over
+{preemptible}{shares}{_bookings_paragraph(bookings)}## For the administrator: switching over
 
 gpuclaim stops handing out GPUs first, and no slurmd starts before its last job has ended:
 the two never give out the same GPU.
@@ -161,6 +162,34 @@ def _command_mapping(
         ),
     )
     return mapping
+
+
+def _shares_paragraph(opts: ExportOptions) -> str:
+    """run --gpu-mem's parts of a GPU: SLURM's shards (gres/shard), and what they are not."""
+    k = opts.shards_per_gpu
+    if k:
+        how = (
+            f"This export makes each GPU {k} shards (`GresTypes=gpu,shard`, `Name=shard` in "
+            f"gres.conf): a job asks for its part with `--gres=shard:N` of {k}, and `gpuclaim "
+            f"export sbatch --shards {k}` writes the scripts of past `--gpu-mem` jobs so."
+        )
+    else:
+        how = (
+            "This export has none (`gpuclaim export slurm --shards K` makes each GPU K shards, "
+            "and `export sbatch --shards K` writes past `--gpu-mem` jobs as shard requests): "
+            "their scripts ask for a whole GPU."
+        )
+    return f"""## Part of a GPU
+
+Under gpuclaim, `--gpu-mem 20G` held part of one GPU's memory beside other jobs. SLURM's
+counterpart is the *shard*: a GPU split into N slots, jobs on one GPU side by side. {how}
+A shard is a slot, not a memory limit: as under gpuclaim without HAMi-core, nothing stops a
+job from using more memory than its part, so keep the same habits (or preload HAMi-core in
+a job's environment). CUDA MPS (`gres/mps`, with a percentage of the GPU) isolates better
+but serves one Unix user per GPU at a time: other users' jobs wait. A GPU's shards and the
+GPU itself are not handed out at once: a whole-GPU job waits for its shards to end.
+
+"""
 
 
 def _bookings_paragraph(bookings: int) -> str:

@@ -6,6 +6,7 @@ per node under srun. A pure renderer.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ def render_sbatch(
     partition: Optional[str] = None,
     tasks: Sequence[Job] = (),
     preempt_grace_s: float = 60.0,
+    shards_per_gpu: int = 0,
 ) -> str:
     """An sbatch script that runs ``job`` as gpuclaim ran it: same command (argv exactly),
     environment, directory, GPUs per node, nodes and time limit. ``tasks``: every task of
@@ -73,7 +75,7 @@ def render_sbatch(
             f"{job.name} is an interactive {job.kind}: in SLURM that is "
             f"`srun --gres=gpu:{gpu_type + ':' if gpu_type else ''}{job.gpus_per_node} --pty bash`"
         )
-    gres = f"gpu:{gpu_type}:{job.gpus_per_node}" if gpu_type else f"gpu:{job.gpus_per_node}"
+    gres = _gres(job, gpu_type, shards_per_gpu)
     array = job.array
     directives = [("job-name", array.name if array else job.name)]
     if array is not None:
@@ -104,6 +106,7 @@ def render_sbatch(
         f"# Output: logs/JOBID.out in {where}; create logs/ there first.",
         "# SLURM sets CUDA_VISIBLE_DEVICES to the GPUs it gives the job.",
         *sbatch_notes(job, preempt_grace_s, _runs_torchrun(job)),
+        *_share_notes(job, shards_per_gpu),
         "",
         *_dependency_lines(job),
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
@@ -133,6 +136,45 @@ def render_sbatch(
     else:
         out += _gang_lines(job) if job.nodes_wanted > 1 else [launch + shlex.join(job.argv)]
     return "\n".join(out) + "\n"
+
+
+def _gres(job: Job, gpu_type: str, shards_per_gpu: int) -> str:
+    """What the job asks for: its GPUs (of its type), or a share's shards of one."""
+    if job.shared and shards_per_gpu:
+        return f"shard:{shards_of(job, shards_per_gpu)}"
+    return f"gpu:{gpu_type}:{job.gpus_per_node}" if gpu_type else f"gpu:{job.gpus_per_node}"
+
+
+def job_share_part(job: Job) -> float:
+    """The part of its GPU a share's job held: as asked, else as placed."""
+    if job.gpu_share:
+        return job.gpu_share
+    rank = job.ranks[0] if job.ranks else None
+    if rank is not None and rank.mem_mib and rank.mem_total_mib:
+        return min(1.0, rank.mem_mib / rank.mem_total_mib)
+    return 1.0
+
+
+def shards_of(job: Job, shards_per_gpu: int) -> int:
+    """Shards of a GPU of ``shards_per_gpu`` that hold at least the job's share."""
+    return max(1, min(shards_per_gpu, math.ceil(job_share_part(job) * shards_per_gpu - 1e-9)))
+
+
+def _share_notes(job: Job, shards_per_gpu: int) -> list[str]:
+    if not job.shared:
+        return []
+    held = f"{job.gpu_mem_mib} MiB" if job.gpu_mem_mib else f"{job.gpu_share:g}"
+    if not shards_per_gpu:
+        return [
+            f"# Under gpuclaim it held part of one GPU ({held}, run --gpu-mem/--gpu-share): here a"
+            " whole GPU. `gpuclaim export slurm --shards K` and `export sbatch --shards K`",
+            "# make it a shard request (gres/shard) instead.",
+        ]
+    return [
+        f"# Under gpuclaim it held part of one GPU ({held}): {shards_of(job, shards_per_gpu)} of"
+        f" a GPU's {shards_per_gpu} shards here.",
+        "# A shard is a slot, not a memory limit: SLURM does not cap the job's memory either.",
+    ]
 
 
 def _directive(key: str, value: str) -> str:

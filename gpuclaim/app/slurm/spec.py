@@ -132,6 +132,9 @@ class ExportOptions:
     # run --preemptible: [queue] preempt_grace (GraceTime) and [limits] kill_grace (KillWait)
     preempt_grace_s: float = 60.0
     kill_wait_s: float = 30.0
+    # export slurm --shards K: each GPU is also K shards (gres/shard), what run --gpu-mem
+    # jobs ask for there; 0: none, a share's job asks for a whole GPU
+    shards_per_gpu: int = 0
 
 
 @dataclass(frozen=True)
