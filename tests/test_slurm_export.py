@@ -1034,10 +1034,10 @@ def test_shards_for_shares_in_the_config_and_a_share_jobs_script():
     nodes = golden_inventory()
     conf = render_slurm_conf(nodes, ExportOptions("Lab", shards_per_gpu=4))
     assert "GresTypes=gpu,shard" in conf
-    assert "Gres=gpu:h100:8,shard:32" in conf
+    assert "Gres=gpu:h100:8,shard:h100:32" in conf
     assert "NodeName=cpu01 " in conf and "shard" not in conf.split("NodeName=cpu01 ")[1].split()[0]
     gres = render_gres_conf(nodes, 4)
-    assert "NodeName=gpu-ws-1 Name=shard Count=12" in gres  # its hostname, as slurmd knows it
+    assert "NodeName=gpu-ws-1 Name=shard Type=l40s Count=8" in gres  # by hostname, per type
     assert "cpu01" not in gres
     assert "GresTypes=gpu\n" in render_slurm_conf(nodes, GOLDEN_OPTS)  # none unless asked
     rank = JobRank(0, "node01", (0,), ("GPU-a",), "c-1", "succeeded", 0, mem_mib=19074,

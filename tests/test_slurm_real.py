@@ -430,7 +430,7 @@ def test_shares_become_shards_a_real_slurm_runs_side_by_side(slurm, tmp_path):
     opts = ExportOptions("testbed", shards_per_gpu=4)
     tb = slurm(_this_machine_export(tmp_path, opts, shards=4), GPUS)
     node = _fields(tb.run("scontrol", "-o", "show", "node", "gpu01"))
-    assert "shard:8" in node["Gres"], node
+    assert "shard:h100:8" in node["Gres"], node
     work = tmp_path / "work"
     (work / "logs").mkdir(parents=True)
     ids = {}
@@ -449,7 +449,11 @@ def test_shares_become_shards_a_real_slurm_runs_side_by_side(slurm, tmp_path):
         script = render_sbatch(job, "h100", "h100", shards_per_gpu=4)
         assert f"#SBATCH --gres=shard:{int(share * 4)}" in script, script
         (work / f"{name}.sbatch").write_text(script)
-        sent = tb.run("sbatch", "--parsable", "-w", "gpu01", str(work / f"{name}.sbatch"), cwd=work)
+        sent = tb.run(
+            *("sbatch", "--parsable", "-w", "gpu01", "--mem=100M", "-c", "1"),
+            str(work / f"{name}.sbatch"),
+            cwd=work,
+        )  # a little memory and a core each: the node holds both
         ids[name] = int(sent.strip().split(";")[0])
     starts = {}
     for name in ids:

@@ -39,7 +39,8 @@ def board_payload(
             state=str(row.state),
             memory=_memory(g.memory_used_mib, g.memory_total_mib) if g is not None else "",
             util="" if g is None or g.utilization_pct is None else f"{g.utilization_pct}%",
-            mine=row.claim is not None and row.claim.user == me,
+            mine=(row.claim is not None and row.claim.user == me)
+            or any(c.user == me for c in row.shares),
         )
         nodes[row.node]["gpus"].append(shown)
     return {

@@ -3,6 +3,7 @@
 Layout::
 
     <root>/gpus/<uuid>.claim   present = GPU held; holds the whole claim as JSON
+    <root>/gpus/<uuid>.shares/<claim>.share  a share of the GPU's memory (store/shares.py)
     <root>/locks/<uuid>.lock   short-lived lock taken by whoever *removes or rewrites* a claim file
     <root>/events/<host>.jsonl append-only event log, one writer host per file
     <root>/drain/<node>        node drained (no new claims), JSON with who and why
@@ -30,7 +31,7 @@ The contract (README, "How claims stay correct"):
 ``filelock`` guards only what is host-local: appends to this host's event log.
 
 One module per concern (``layout``, ``claims``, ``bookings``, ``records``, ``archive``,
-``arrays``, ``queue``, ``owners``, ``usage``, ``notices``, ``drains``, ``events``,
+``arrays``, ``queue``, ``owners``, ``shares``, ``usage``, ``notices``, ``drains``, ``events``,
 ``sweep``; files and
 locks in ``files`` and ``base``), joined here into ``ClaimStore``. The interface the rest of
 gpuclaim uses is ``interface.Store``, written once.

@@ -216,7 +216,10 @@ def render_gres_conf(nodes: Sequence[NodeSpec], shards_per_gpu: int = 0) -> str:
             files = _device_files(sorted(s.minor for s in slots))
             lines.append(f"Name=gpu{typed} File={files}")
         if lines and shards_per_gpu:
-            lines.append(f"Name=shard Count={shards_per_gpu * len(n.gpus)}")
+            for t, slots in n.gpus_by_type().items():
+                typed = f" Type={t}" if t else ""
+                files = _device_files(sorted(x.minor for x in slots))
+                lines.append(f"Name=shard{typed} Count={shards_per_gpu * len(slots)} File={files}")
         if lines:
             entries.append((n.slurm_name, "\n".join(lines)))
     for names, block in compress(entries):
@@ -254,8 +257,10 @@ def _node_line(n: NodeSpec, shards_per_gpu: int = 0) -> str:
     if n.real_memory_mib:
         parts.append(f"RealMemory={n.real_memory_mib}")
     gres = [f"gpu:{t}:{len(s)}" if t else f"gpu:{len(s)}" for t, s in n.gpus_by_type().items()]
-    if gres and shards_per_gpu:  # run --gpu-mem's parts of a GPU: gres/shard
-        gres.append(f"shard:{shards_per_gpu * len(n.gpus)}")
+    if gres and shards_per_gpu:  # run --gpu-mem's parts of a GPU: slurmd types them as its GPUs
+        for t, slots in n.gpus_by_type().items():
+            count = shards_per_gpu * len(slots)
+            gres.append(f"shard:{t}:{count}" if t else f"shard:{count}")
     if gres:
         parts.append("Gres=" + ",".join(gres))
     if n.node_addr:
