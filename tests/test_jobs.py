@@ -46,8 +46,16 @@ PRINT_ENV = (
 )
 
 
-def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster):
+def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster, tmp_path):
     c = jobs_cluster
+    # Each job holds its GPUs until both have started: a job that ended before the other was
+    # placed would rightly hand the same GPUs on (a loaded CI machine did just that).
+    gate = tmp_path / "both-started"
+    held = (
+        PRINT_ENV
+        + "; import pathlib, time; "
+        + f"[time.sleep(0.1) for _ in range(600) if not pathlib.Path({str(gate)!r}).exists()]"
+    )
     procs = [
         subprocess.Popen(
             [
@@ -65,7 +73,7 @@ def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster):
                 "--",
                 "python3",
                 "-c",
-                PRINT_ENV,
+                held,
             ],
             env=c.env(),
             stdout=subprocess.PIPE,
@@ -81,6 +89,8 @@ def test_job_sees_exactly_its_gpus_and_two_jobs_get_disjoint_ones(jobs_cluster):
         started.append(json.loads(out))
     gpus = [tuple(j["gpus"]) for j in started]
     assert set(gpus[0]).isdisjoint(gpus[1]), gpus
+    assert {_job(c, j["name"])["state"] for j in started} <= {"starting", "running"}
+    gate.touch()
     for job in started:
         done = _wait_state(c, job["name"], {"succeeded"})
         assert done["exit_code"] == 0
