@@ -271,6 +271,7 @@ def test_runs_standalone_as_nvidia_smi_on_path(state: Path, node: str, tmp_path:
     bindir.mkdir()
     exe = bindir / "nvidia-smi"
     shutil.copyfile(SCRIPT, exe)
+    shutil.copyfile(SCRIPT.with_name("fake_report.py"), bindir / "fake_report.py")
     exe.chmod(0o755)
     env = {
         "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",

@@ -44,6 +44,7 @@ from typing import Any, Optional
 
 FAKE_SMI = Path(__file__).resolve().parents[1] / "gpuclaim/sim/fake_nvidia_smi.py"
 FAKE_NVML = FAKE_SMI.with_name("fake_pynvml.py")
+FAKE_REPORT = FAKE_SMI.with_name("fake_report.py")  # its -q -x, -L and MIG part
 DEFAULT_GPU: dict[str, Any] = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
 DRIVER_VERSION = "550.54.15"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -354,10 +355,12 @@ class Testbed:
         self._write_state()
         smi = self.dir / "bin" / "nvidia-smi"
         shutil.copyfile(FAKE_SMI, smi)
+        shutil.copyfile(FAKE_REPORT, smi.with_name("fake_report.py"))
         smi.chmod(0o755)
         if self.nvml:
             (self.dir / "nvml").mkdir(exist_ok=True)
             shutil.copyfile(FAKE_SMI, self.dir / "nvml" / "fake_nvidia_smi.py")
+            shutil.copyfile(FAKE_REPORT, self.dir / "nvml" / "fake_report.py")
             shutil.copyfile(FAKE_NVML, self.dir / "nvml" / "pynvml.py")
         self._make_keys()
         # sshd as root exits 255 without its privilege separation directory

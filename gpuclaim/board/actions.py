@@ -48,11 +48,11 @@ def claim(services: BoardServices, form: ClaimForm) -> Claim:
 
 
 def claim_message(claim: Claim) -> str:
-    gpus = ",".join(map(str, claim.indices))
+    gpus = ",".join(claim.labels)
     length = format_duration(round((claim.expires - claim.since) / 60) * 60)
     return (
         f"Claimed {claim.node} GPU{'s' if len(claim.gpus) > 1 else ''} {gpus} for {length} "
-        f"(claim {claim.id}).\nexport CUDA_VISIBLE_DEVICES={gpus}"
+        f"(claim {claim.id}).\nexport CUDA_VISIBLE_DEVICES={claim.visible}"
     )
 
 

@@ -309,7 +309,7 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
     state = display_state(row, data)
     stale_age = data_age(row.node, ctx)
     cells: dict[str, Text] = {
-        "gpu": Text("-" if row.index is None else str(row.index)),
+        "gpu": Text(row.label),
         "state": state_text(state, short=ctx.layout != WIDE),
     }
     idle = idle_for(row, data)
@@ -322,7 +322,8 @@ def gpu_cells(row: GpuRow, ctx: RowContext, position: int, group_size: int) -> d
     elif position == 1 and stale_age is not None:
         cells["node"] = Text(f"⏱ {stale_age}", style="yellow")
     if g is not None:
-        cells["model"] = Text(short_model(g.name), overflow="ellipsis")
+        model = short_model(g.name) + (f" · {g.mig_profile}" if g.mig_profile else "")
+        cells["model"] = Text(model, overflow="ellipsis")
         width, bar = MEMORY_WIDTH[ctx.layout], MEMORY_BAR[ctx.layout]
         cells["memory"] = memory_text(g.memory_used_mib, g.memory_total_mib, width, bar)
         cells["util"] = util_text(g.utilization_pct, 4 if ctx.layout == WIDE else 0)
@@ -395,25 +396,28 @@ def _runs(
     rows: Sequence[GpuRow], data: BoardData
 ) -> list[tuple[str, str, Optional[str], Optional[float]]]:
     """Consecutive GPUs with the same state and holder: ("0-2", state, holder, least left)."""
-    runs: list[tuple[list[int], str, Optional[str], Optional[float]]] = []
+    runs: list[tuple[list[GpuRow], str, Optional[str], Optional[float]]] = []
     for r in rows:
         state = display_state(r, data)
         holder = r.claim.user if r.claim else None
         left = time_left(r.claim, data) if r.claim else None
         if runs and runs[-1][1] == state and runs[-1][2] == holder:
             indices, _, _, old = runs[-1]
-            indices.append(r.index or 0)
+            indices.append(r)
             least = old if left is None or (old is not None and old < left) else left
             runs[-1] = (indices, state, holder, least)
         else:
-            runs.append(([r.index or 0], state, holder, left))
+            runs.append(([r], state, holder, left))
     return [(_span(ix), state, holder, left) for ix, state, holder, left in runs]
 
 
-def _span(indices: Sequence[int]) -> str:
-    if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
+def _span(rows: Sequence[GpuRow]) -> str:
+    """``0-2`` for consecutive whole GPUs, else each label (``0/0,0/1``)."""
+    indices = [r.index or 0 for r in rows]
+    whole = all(r.mig is None for r in rows)
+    if whole and len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
         return f"{indices[0]}-{indices[-1]}"
-    return ",".join(map(str, indices))
+    return ",".join(r.label for r in rows)
 
 
 def data_age(node: str, ctx: RowContext) -> Optional[str]:

@@ -92,7 +92,7 @@ class BoardCommands(_AppBase):
                 self.notify("nothing of yours to release here", severity="warning")
             return
         what = "; ".join(
-            f"{c.node} GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.indices))}"
+            f"{c.node} GPU{'s' if len(c.gpus) > 1 else ''} {','.join(c.labels)}"
             f" (claim {c.id}{', job still running' if c.job else ''})"
             for c in mine
         )
@@ -110,8 +110,7 @@ class BoardCommands(_AppBase):
             if not released:
                 return "Nothing to release: those claims were already gone."
             return "\n".join(
-                f"Released {c.node} GPU {','.join(map(str, c.indices))}, claim {c.id}."
-                for c in released
+                f"Released {c.node} GPU {','.join(c.labels)}, claim {c.id}." for c in released
             )
 
         self._act(run)

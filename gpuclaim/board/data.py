@@ -178,7 +178,7 @@ def visible_rows(data: BoardData, filters: Filters) -> list[GpuRow]:
     if filters.users:
         rows = [r for r in rows if r.claim is not None and r.claim.user in filters.users]
     order = {name: i for i, name in enumerate(data.node_names)}
-    rows.sort(key=lambda r: (order.get(r.node, len(order)), _index(r)))
+    rows.sort(key=lambda r: (order.get(r.node, len(order)), r.order))
     return rows
 
 
@@ -189,7 +189,3 @@ def counts(rows: Iterable[GpuRow]) -> dict[str, int]:
         if row.index is not None:
             result[row.state] = result.get(row.state, 0) + 1
     return result
-
-
-def _index(row: GpuRow) -> int:
-    return -1 if row.index is None else row.index

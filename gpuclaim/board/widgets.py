@@ -156,7 +156,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
     state = display_state(row, data)
     head = Text.assemble(
         (row.node, "bold"),
-        f" GPU {row.index}" if row.index is not None else "",
+        f" GPU {row.label}" if row.index is not None else "",
         "  ",
         (f"{glyph_of(state)} {state}", style_of_face(state)),
     )
@@ -166,7 +166,8 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
         if g.memory_total_mib:
             mem = f"{(g.memory_used_mib or 0) / 1024:.1f}/{g.memory_total_mib / 1024:.0f} GiB"
         util = "n/a" if g.utilization_pct is None else f"{g.utilization_pct}%"
-        head.append(f"  {short_model(g.name)} · {mem} · util {util}", style="dim")
+        model = short_model(g.name) + (f" MIG {g.mig_profile}" if g.mig_profile else "")
+        head.append(f"  {model} · {mem} · util {util}", style="dim")
     inv = data.view.inventories.get(row.node)
     if inv is not None and inv.driver_version:
         head.append(f" · driver {inv.driver_version} ({inv.source})", style="dim")
@@ -185,7 +186,7 @@ def detail_lines(row: GpuRow, data: BoardData, me: str) -> list[Text]:
             f", {format_duration(left)} left"
             if left > 0
             else (", job's time up" if claim.job else ", expired"),
-            f" · claim {claim.id} (GPUs {','.join(map(str, claim.indices))})",
+            f" · claim {claim.id} (GPUs {','.join(claim.labels)})",
             " · preemptible: yields to any claim" if claim.preemptible else "",
         )
         if claim.job:

@@ -60,7 +60,7 @@ def gc(
         if count:
             console.print(f"Removed {count} old --sync copies of yours on {node_name}")
     for c in report.expired:
-        console.print(f"Expired: {c.node} GPU {','.join(map(str, c.indices))} of {c.user} ({c.id})")
+        console.print(f"Expired: {c.node} GPU {','.join(c.labels)} of {c.user} ({c.id})")
     for c in report.incomplete:
         console.print(f"Abandoned half-made claim {c.id} of {c.user} on {c.node}: removed")
     for name in report.lost_jobs:

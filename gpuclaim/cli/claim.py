@@ -13,6 +13,11 @@ from gpuclaim.core.durations import format_duration, parse_duration
 from gpuclaim.core.errors import UsageError
 from gpuclaim.core.identity import clean_note
 
+SHORT_HELP = (
+    "Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...) on the node itself"
+    " (NODE:I,J when the GPUs are on another machine)."
+)
+
 
 def claim(
     ctx: typer.Context,
@@ -39,12 +44,8 @@ def claim(
     ),
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
-    short: bool = typer.Option(
-        False,
-        "--short",
-        help="Print only the GPU indices, for CUDA_VISIBLE_DEVICES=$(...) on the node itself"
-        " (NODE:I,J when the GPUs are on another machine).",
-    ),
+    mig: flags.Mig = None,
+    short: bool = typer.Option(False, "--short", help=SHORT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the claim as JSON."),
     quiet: bool = quiet_option(),
 ) -> None:
@@ -66,6 +67,8 @@ def claim(
     if exact and node and exact[0][0] != node:
         raise UsageError("--node and --gpu name different nodes")
     mem, part = flags.share_asked(gpu_mem, gpu_share)
+    if mig is not None and (gpu or adopt or reservation):
+        raise UsageError("--mig picks slices: not with --gpu, --adopt or --reservation")
     req = ClaimRequest(
         user=st.user,
         count=count or (0 if reservation else 1),
@@ -77,6 +80,7 @@ def claim(
         reservation=reservation,
         gpu_mem_mib=mem,
         gpu_share=part,
+        mig=flags.mig_asked(mig),
     )
     with waiting("looking for free GPUs", quiet):
         result = claim_gpus(st.config, st.store, req, st.prober, say=say_on_stderr(quiet))
@@ -85,11 +89,9 @@ def claim(
         return
     if as_json:
         print_json(result.to_dict())
-    elif short:
-        indices = ",".join(map(str, result.indices))
-        # Indices mean something only on the node itself; elsewhere say which node.
+    elif short:  # CUDA_VISIBLE_DEVICES on the node itself; elsewhere NODE:GPUS, as --gpu
         here = st.config.node(result.node).is_this_machine()
-        typer.echo(indices if here else f"{result.node}:{indices}")
+        typer.echo(result.visible if here else f"{result.node}:{','.join(result.labels)}")
     else:
         for line in claim_lines(result):
             out().print(line)
@@ -126,11 +128,11 @@ def release(
         return
     for c in released:
         whose = "" if c.user == st.user else f" (held by {c.user})"
-        out().print(f"Released {c.node} GPU {','.join(map(str, c.indices))}, claim {c.id}{whose}.")
+        out().print(f"Released {c.node} GPU {','.join(c.labels)}, claim {c.id}{whose}.")
     if release_all:
         for c, job in job_claims_of(st.store, st.user):
             out().print(
-                f"Kept {c.node} GPU {','.join(map(str, c.indices))}: the running job {job} holds "
+                f"Kept {c.node} GPU {','.join(c.labels)}: the running job {job} holds "
                 f"it (it is released when the job ends; stop it with 'gpuclaim kill {job}')."
             )
     if not released:

@@ -127,6 +127,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'multiple': False,
                                      'help': 'Part of one GPU: this part of its memory (0.25 or '
                                              "25%), beside others' parts."},
+                                    {'names': ['--mig'],
+                                     'value': '',
+                                     'multiple': False,
+                                     'help': 'MIG slices of this profile (3g.40gb; any: any slice) '
+                                             'instead of whole GPUs.'},
                                     {'names': ['--short'],
                                      'value': None,
                                      'multiple': False,
@@ -400,6 +405,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                    'multiple': False,
                                    'help': 'Part of one GPU: this part of its memory (0.25 or '
                                            "25%), beside others' parts."},
+                                  {'names': ['--mig'],
+                                   'value': '',
+                                   'multiple': False,
+                                   'help': 'MIG slices of this profile (3g.40gb; any: any slice) '
+                                           'instead of whole GPUs.'},
                                   {'names': ['--json'],
                                    'value': None,
                                    'multiple': False,
@@ -507,6 +517,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'multiple': False,
                                      'help': 'Part of one GPU: this part of its memory (0.25 or '
                                              "25%), beside others' parts."},
+                                    {'names': ['--mig'],
+                                     'value': '',
+                                     'multiple': False,
+                                     'help': 'MIG slices of this profile (3g.40gb; any: any slice) '
+                                             'instead of whole GPUs.'},
                                     {'names': ['--json'],
                                      'value': None,
                                      'multiple': False,
@@ -689,6 +704,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'multiple': False,
                                      'help': 'Part of one GPU: this part of its memory (0.25 or '
                                              "25%), beside others' parts."},
+                                    {'names': ['--mig'],
+                                     'value': '',
+                                     'multiple': False,
+                                     'help': 'MIG slices of this profile (3g.40gb; any: any slice) '
+                                             'instead of whole GPUs.'},
                                     {'names': ['--json'],
                                      'value': None,
                                      'multiple': False,
@@ -729,6 +749,11 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                         'multiple': False,
                                         'help': 'Part of one GPU: this part of its memory (0.25 or '
                                                 "25%), beside others' parts."},
+                                       {'names': ['--mig'],
+                                        'value': '',
+                                        'multiple': False,
+                                        'help': 'MIG slices of this profile (3g.40gb; any: any '
+                                                'slice) instead of whole GPUs.'},
                                        {'names': ['--json'],
                                         'value': None,
                                         'multiple': False,

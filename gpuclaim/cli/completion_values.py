@@ -178,14 +178,14 @@ def _unique(pairs: list[tuple[str, str]]) -> list[list[str]]:
 
 def claim_item(claim: Any) -> tuple[str, str]:
     """A claim as completion shows it: its id, described by holder, GPUs and note."""
-    gpus = ",".join(map(str, claim.indices))
+    gpus = ",".join(claim.labels)
     what = claim.note or (f"job {claim.job}" if claim.job else "")
     return claim.id, " · ".join(x for x in (claim.user, f"{claim.node} GPU {gpus}", what) if x)
 
 
 def booking_item(booking: Any) -> tuple[str, str]:
     """A booking as completion shows it: its id, by owner, GPUs and note."""
-    gpus = ",".join(map(str, booking.indices))
+    gpus = ",".join(booking.labels)
     parts = (booking.user, f"{booking.node} GPU {gpus}", booking.note)
     return booking.id, " · ".join(x for x in parts if x)
 

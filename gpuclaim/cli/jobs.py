@@ -61,6 +61,7 @@ def run(
     preempt_signal: flags.PreemptSignal = None,
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
+    mig: flags.Mig = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuclaim.core.durations import format_duration
-from gpuclaim.core.model import Claim, parse_iso
+from gpuclaim.core.model import Claim, Gpu, parse_iso
 from gpuclaim.core.share_policy import format_mib
 from gpuclaim.core.states import (
     FaceState,
@@ -113,8 +113,8 @@ def _status_cells(
         state = Text(f"{row.state} (idle {format_duration(use['idle_for_s'])})", style="yellow dim")
     return [
         row.node,
-        "-" if row.index is None else str(row.index),
-        _short_name(g.name) if g else "",
+        row.label,
+        gpu_name(g) if g else "",
         _memory(g.memory_used_mib, g.memory_total_mib) if g else "",
         "" if g is None or g.utilization_pct is None else f"{g.utilization_pct}%",
         state,
@@ -122,6 +122,12 @@ def _status_cells(
         left,
         Text(note),
     ]
+
+
+def gpu_name(g: Gpu) -> str:
+    """``H100 80GB HBM3``; a MIG slice with its profile: ``H100 80GB HBM3 · 3g.40gb``."""
+    name = _short_name(g.name)
+    return f"{name} · {g.mig_profile}" if g.mig_profile else name
 
 
 def _bare(row: GpuRow) -> GpuRow:
@@ -158,7 +164,7 @@ def status_summary(view: ClusterView) -> str:
 
 
 def claim_lines(claim: Claim) -> list[str]:
-    gpus = ",".join(map(str, claim.indices))
+    gpus = ",".join(claim.labels)
     until = _clock(claim.expires)
     part = ""
     if claim.shared:
@@ -167,7 +173,7 @@ def claim_lines(claim: Claim) -> list[str]:
         f"Claimed {claim.node} GPU{'s' if len(claim.gpus) > 1 else ''} {gpus}{part} for "
         f"{format_duration(round((claim.expires - claim.since) / 60) * 60)} (until {until}), "
         f"claim {claim.id}.",
-        f"  export CUDA_VISIBLE_DEVICES={gpus}",
+        f"  export CUDA_VISIBLE_DEVICES={claim.visible}",
     ]
     if claim.shared:  # what a job of gpuclaim's is told; by hand, the same holds
         lines.append(f"  keep to {claim.mem_mib} MiB: others' work shares this GPU")

@@ -117,7 +117,7 @@ def _make(
         return
     plural = "s" if len(booking.gpus) > 1 else ""
     out().print(
-        f"Booked {booking.node} GPU{plural} {','.join(map(str, booking.indices))} for "
+        f"Booked {booking.node} GPU{plural} {','.join(booking.labels)} for "
         f"{booking.user} from {format_when(booking.start, now)} to "
         f"{format_when(booking.end, now)} ({format_duration(booking.end - booking.start)}), "
         f"reservation {booking.id}.",
@@ -184,7 +184,7 @@ def _table(rows: list[tuple[Any, str]], now: float) -> Any:
             b.id,
             b.user,
             b.node,
-            ",".join(map(str, b.indices)),
+            ",".join(b.labels),
             format_when(b.start, now),
             format_when(b.end, now),
             shown,
@@ -210,7 +210,7 @@ def _cancel(ctx: typer.Context, booking_id: str, force: bool, as_json: bool, qui
     whose = "" if booking.user == st.user else f" (it was {booking.user}'s)"
     out().print(
         f"Cancelled reservation {booking.id}: {booking.node} GPU "
-        f"{','.join(map(str, booking.indices))} {format_when(booking.start, now)} to "
+        f"{','.join(booking.labels)} {format_when(booking.start, now)} to "
         f"{format_when(booking.end, now)}{whose}.",
         markup=False,
     )

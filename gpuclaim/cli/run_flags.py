@@ -187,6 +187,14 @@ GpuShare = Annotated[
         help="Part of one GPU: this part of its memory (0.25 or 25%), beside others' parts.",
     ),
 ]
+Mig = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mig",
+        metavar="PROFILE",
+        help="MIG slices of this profile (3g.40gb; any: any slice) instead of whole GPUs.",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -225,6 +233,7 @@ class RunFlags:
     preempt_signal: Optional[str] = None
     gpu_mem: Optional[str] = None
     gpu_share: Optional[str] = None
+    mig: Optional[str] = None
     as_json: bool = False
     quiet: bool = False
 
@@ -252,6 +261,9 @@ class RunFlags:
             raise UsageError("--preemptible work needs no booking: it runs on whatever is idle")
         if self.gpu is not None:
             self._check_gpu()
+        mig_asked(self.mig)
+        if self.mig is not None and self.gpu is not None:
+            raise UsageError("--gpu names the GPUs (a slice: NODE:0/1): not with --mig")
         mem, part = share_asked(self.gpu_mem, self.gpu_share)
         if mem or part:
             from gpuclaim.core.share_policy import checked_share
@@ -291,7 +303,7 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
     sync: dict[str, Any] = sync_request(
         flags.sync, flags.sync_dir, flags.workdir, project, here, st.config.sync_max_bytes
     )
-    exact: tuple[int, ...] = ()
+    exact: tuple[str, ...] = ()
     from gpuclaim.app.hostlists import one_node
 
     node, count = one_node(flags.node), flags.count
@@ -328,7 +340,26 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         preempt_signal=signal_name(flags.preempt_signal or "USR1"),
         gpu_mem_mib=mem,
         gpu_share=part,
+        mig=mig_asked(flags.mig),
     )
+
+
+_MIG_PROFILE = r"^(?:\d+c\.)?\d+g\.\d+gb(?:\+\w+)?$"
+
+
+def mig_asked(text: Optional[str]) -> Optional[str]:
+    """``--mig``: a MIG profile as nvidia-smi names it (3g.40gb, 1g.10gb+me), or any."""
+    if text is None:
+        return None
+    import re
+
+    profile = text.strip().lower()
+    if profile != "any" and not re.match(_MIG_PROFILE, profile):
+        raise UsageError(
+            f"--mig wants a MIG profile as nvidia-smi -L names it, e.g. 3g.40gb, or any "
+            f"(got {text!r})"
+        )
+    return profile
 
 
 def share_asked(gpu_mem: Optional[str], gpu_share: Optional[str]) -> tuple[int, float]:

@@ -75,6 +75,7 @@ def serve(
     env: flags.Env = None,
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
+    mig: flags.Mig = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:
@@ -110,6 +111,7 @@ def serve(
         env=env,
         gpu_mem=gpu_mem,
         gpu_share=gpu_share,
+        mig=mig,
         as_json=as_json,
         quiet=quiet,
     )

@@ -30,6 +30,7 @@ def shell(
     name: Optional[str] = typer.Option(None, "--name", help="Session name."),
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
+    mig: flags.Mig = None,
     as_json: bool = typer.Option(
         False, "--json", help="Print the job as JSON (and attach later: gpuclaim attach NAME)."
     ),
@@ -47,6 +48,7 @@ def shell(
         time_s=parse_duration(time_),
         kind=JobKind.SHELL.value,
         **_share(gpu_mem, gpu_share),
+        mig=flags.mig_asked(mig),
     )
     job = _submit_and_report(st, req, wait=False, as_json=as_json)
     if sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
@@ -66,6 +68,7 @@ def notebook(
     name: Optional[str] = typer.Option(None, "--name", help="Job name."),
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
+    mig: flags.Mig = None,
     as_json: bool = typer.Option(
         False, "--json", help="Print the job, its port and the tunnel command as JSON."
     ),
@@ -84,6 +87,7 @@ def notebook(
         time_s=parse_duration(time_),
         kind=JobKind.NOTEBOOK.value,
         **_share(gpu_mem, gpu_share),
+        mig=flags.mig_asked(mig),
     )
     job = _submit_and_report(st, req, wait=False, as_json=False, quiet=as_json)
     deadline = time.monotonic() + 30

@@ -75,7 +75,7 @@ class Booking(HoldsGpus):
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> Booking:
-        gpus = tuple(ClaimedGpu(str(g["uuid"]), int(g["index"])) for g in d["gpus"])
+        gpus = tuple(ClaimedGpu.from_dict(g) for g in d["gpus"])
         if not gpus:
             raise ValueError("a booking without GPUs")
         start, end = float(d["start"]), float(d["end"])

@@ -112,7 +112,10 @@ class GpuProcess(_Record):
 
 
 class Gpu(_Record):
-    """One physical GPU (or MIG parent) on one node, as probed."""
+    """One GPU on one node as probed, or one MIG slice of one: a GPU in MIG mode is not
+    claimable whole, so a probe lists its slices instead, each with its own (``MIG-``) UUID,
+    ``index`` its parent's, ``mig`` its number under the parent (``nvidia-smi -L``'s
+    ``Device N``) and ``parent_uuid``."""
 
     FIELDS = (
         "node",
@@ -126,6 +129,9 @@ class Gpu(_Record):
         "mig_mode",
         "mig_devices",
         "processes",
+        "mig",
+        "mig_profile",
+        "parent_uuid",
     )
     __slots__ = FIELDS
     node: str
@@ -139,6 +145,9 @@ class Gpu(_Record):
     mig_mode: Optional[bool]
     mig_devices: tuple[str, ...]  # MIG instance UUIDs or profile names
     processes: tuple[GpuProcess, ...]
+    mig: Optional[int]  # a slice: its number under its GPU
+    mig_profile: Optional[str]  # a slice: "3g.40gb"
+    parent_uuid: Optional[str]  # a slice: its GPU's UUID
 
     def __init__(
         self,
@@ -153,6 +162,9 @@ class Gpu(_Record):
         mig_mode: Optional[bool] = None,
         mig_devices: tuple[str, ...] = (),
         processes: tuple[GpuProcess, ...] = (),
+        mig: Optional[int] = None,
+        mig_profile: Optional[str] = None,
+        parent_uuid: Optional[str] = None,
     ) -> None:
         self._set(
             node=node,
@@ -166,7 +178,20 @@ class Gpu(_Record):
             mig_mode=mig_mode,
             mig_devices=mig_devices,
             processes=processes,
+            mig=mig,
+            mig_profile=mig_profile,
+            parent_uuid=parent_uuid,
         )
+
+    @property
+    def label(self) -> str:
+        """How people name it: ``0``, or ``0/1`` for slice 1 of GPU 0."""
+        return gpu_label(self.index, self.mig)
+
+    @property
+    def mig_parent(self) -> bool:
+        """A GPU in MIG mode itself (never handed out whole: its slices are)."""
+        return bool(self.mig_mode) and self.mig is None
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.FIELDS}
@@ -188,7 +213,21 @@ class Gpu(_Record):
             mig_mode=d.get("mig_mode"),
             mig_devices=tuple(d.get("mig_devices") or ()),
             processes=tuple(GpuProcess.from_dict(p) for p in d.get("processes") or ()),
+            mig=opt_int(d.get("mig")),
+            mig_profile=d.get("mig_profile"),
+            parent_uuid=d.get("parent_uuid"),
         )
+
+
+def gpu_label(index: int, mig: Optional[int] = None) -> str:
+    """``0`` for a GPU, ``0/1`` for slice 1 of GPU 0 (``--gpu node01:0/1``)."""
+    return str(index) if mig is None else f"{index}/{mig}"
+
+
+def label_order(label: str) -> tuple[int, int]:
+    """Sort key of a label: GPUs by index, a GPU's slices after it, by number."""
+    head, _, tail = label.partition("/")
+    return int(head), int(tail) if tail else -1
 
 
 class NodeInventory(_Record):

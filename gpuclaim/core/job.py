@@ -143,7 +143,7 @@ class Job:
     gpus_per_node: int = 1
     nodes_wanted: int = 1
     node: Optional[str] = None  # pinned with --node
-    gpu_indices: tuple[int, ...] = ()  # run/serve --gpu: exactly these GPUs of ``node``
+    gpu_indices: tuple[str, ...] = ()  # run/serve --gpu: exactly these GPUs (labels: 0, 0/1)
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
     kind: str = JobKind.BATCH  # a JobKind; from a record, its text (a newer one is kept)
@@ -184,6 +184,7 @@ class Job:
     # memory; 0 for both: whole GPUs
     gpu_mem_mib: int = 0
     gpu_share: float = 0.0
+    mig: Optional[str] = None  # run --mig PROFILE: on MIG slices of that profile
 
     @property
     def shared(self) -> bool:
@@ -267,6 +268,7 @@ class Job:
             "spec": self.spec,
             "gpu_mem_mib": self.gpu_mem_mib,
             "gpu_share": self.gpu_share,
+            "mig": self.mig,
         }
 
     @classmethod
@@ -286,7 +288,7 @@ class Job:
             gpus_per_node=int(d.get("gpus_per_node", 1)),
             nodes_wanted=int(d.get("nodes_wanted", 1)),
             node=d.get("pinned_node"),
-            gpu_indices=tuple(int(i) for i in d.get("pinned_gpus") or ()),
+            gpu_indices=tuple(str(i) for i in d.get("pinned_gpus") or ()),
             # records from before "requested" held the asked workdir in "workdir"
             workdir=asked.get("workdir") if asked is not None else d.get("workdir"),
             env=tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
@@ -327,6 +329,7 @@ class Job:
             spec=str(d["spec"]) if d.get("spec") else None,
             gpu_mem_mib=int(d.get("gpu_mem_mib") or 0),
             gpu_share=float(d.get("gpu_share") or 0.0),
+            mig=str(d["mig"]) if d.get("mig") else None,
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 # What a probe of a node returns: its own module, so that a node's first look at its GPUs
 # does not pay for defining every other dataclass here. Re-exported: they are the domain too.
-from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory, opt_int
+from gpuclaim.core.inventory import Gpu, GpuProcess, NodeInventory, gpu_label, opt_int
 from gpuclaim.core.job import (
     PREEMPT_SIGNALS,
     ArrayRef,
@@ -50,9 +50,27 @@ class ClaimedGpu:
 
     uuid: str
     index: int
+    mig: Optional[int] = None  # a MIG slice of GPU ``index``: its number there
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, self.mig)
+
+    @property
+    def visible(self) -> str:
+        """Its CUDA_VISIBLE_DEVICES entry: the index, or a slice's MIG UUID (CUDA names
+        MIG devices only so)."""
+        return self.uuid if self.mig is not None else str(self.index)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index}
+        d: dict[str, Any] = {"uuid": self.uuid, "index": self.index}
+        if self.mig is not None:
+            d["mig"] = self.mig
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClaimedGpu:
+        return cls(str(d["uuid"]), int(d["index"]), opt_int(d.get("mig")))
 
 
 class HoldsGpus:
@@ -63,6 +81,21 @@ class HoldsGpus:
     @property
     def indices(self) -> list[int]:
         return sorted(g.index for g in self.gpus)
+
+    @property
+    def ordered(self) -> list[ClaimedGpu]:
+        """Its GPUs by index, a GPU's slices by number."""
+        return sorted(self.gpus, key=lambda g: (g.index, -1 if g.mig is None else g.mig))
+
+    @property
+    def labels(self) -> list[str]:
+        """``0``, ``1`` or ``0/1`` (a MIG slice), in order: how people name them."""
+        return [g.label for g in self.ordered]
+
+    @property
+    def visible(self) -> str:
+        """CUDA_VISIBLE_DEVICES for exactly these GPUs (indices, or MIG UUIDs)."""
+        return ",".join(g.visible for g in self.ordered)
 
     @property
     def uuids(self) -> list[str]:
@@ -108,6 +141,13 @@ class Claim(HoldsGpus):
         """GPUs held, a share counted by its part (limits, fair share, accounting)."""
         return len(self.gpus) * self.fraction
 
+    def _slices(self) -> dict[str, Any]:
+        """``gpu_migs`` beside ``gpus`` where it holds MIG slices (else nothing: older
+        readers of whole claims see the records they know)."""
+        if all(g.mig is None for g in self.gpus):
+            return {}
+        return {"gpu_migs": [g.mig for g in self.ordered]}
+
     def with_expiry(self, expires: float) -> Claim:
         return replace(self, expires=expires)
 
@@ -116,8 +156,9 @@ class Claim(HoldsGpus):
             "id": self.id,
             "user": self.user,
             "node": self.node,
-            "gpus": self.indices,
-            "gpu_uuids": [g.uuid for g in sorted(self.gpus, key=lambda g: g.index)],
+            "gpus": [g.index for g in self.ordered],
+            "gpu_uuids": [g.uuid for g in self.ordered],
+            **self._slices(),
             "since": iso(self.since),
             "expires": iso(self.expires),
             "note": self.note,
@@ -136,7 +177,8 @@ class Claim(HoldsGpus):
     def from_dict(cls, d: dict[str, Any]) -> Claim:
         indices = [int(i) for i in d["gpus"]]
         uuids = [str(u) for u in d["gpu_uuids"]]
-        if len(indices) != len(uuids) or not uuids:
+        migs = [opt_int(m) for m in d.get("gpu_migs") or [None] * len(uuids)]
+        if len(indices) != len(uuids) or len(migs) != len(uuids) or not uuids:
             raise ValueError("gpus and gpu_uuids differ in length")
         since = parse_iso(d["since"])
         expires = parse_iso(d["expires"])
@@ -146,7 +188,7 @@ class Claim(HoldsGpus):
             id=str(d["id"]),
             user=str(d["user"]),
             node=str(d["node"]),
-            gpus=tuple(ClaimedGpu(u, i) for u, i in zip(uuids, indices)),
+            gpus=tuple(ClaimedGpu(u, i, m) for u, i, m in zip(uuids, indices, migs)),
             since=since,
             expires=expires,
             note=str(d.get("note") or ""),

@@ -22,6 +22,7 @@ from gpuclaim.core.errors import (
     UsageError,
 )
 from gpuclaim.core.identity import this_host
+from gpuclaim.core.inventory import label_order
 from gpuclaim.core.model import ClaimedGpu, Event, EventType, NodeInventory
 from gpuclaim.core.states import GpuState
 from gpuclaim.core.when import format_when
@@ -44,7 +45,7 @@ class BookingRequest:
     end: float
     count: int = 1
     node: Optional[str] = None
-    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    exact: tuple[tuple[str, tuple[str, ...]], ...] = ()  # GPU labels, as --gpu names them
     note: str = ""
 
 
@@ -172,11 +173,11 @@ def _pick(
         node, indices = req.exact[0]
         if node not in gpus_of:
             raise UnreachableError(f"{node} could not be asked about its GPUs")
-        by_index = {g.index: g for g in gpus_of[node]}
+        by_index = {g.label: g for g in gpus_of[node]}
         chosen = []
-        for index in indices:
+        for index in map(str, indices):  # labels; an int from an API caller names a GPU too
             if index not in by_index:
-                have = ", ".join(map(str, sorted(by_index))) or "no GPUs"
+                have = ", ".join(sorted(by_index, key=label_order)) or "no GPUs"
                 raise NeverFitsError(f"{node} has no GPU {index} (it has {have})")
             chosen.append(by_index[index])
         found = [p for g in chosen for p in _in_the_way(node, g, req, snap, now)]
@@ -221,9 +222,9 @@ def _in_the_way(
     node: str, gpu: ClaimedGpu, req: BookingRequest, snap: Snapshot, now: float
 ) -> list[str]:
     """Why this GPU cannot be booked for the window: others' bookings, claims that last."""
-    wanted = set(req.exact[0][1]) if req.exact else {gpu.index}
+    wanted = set(map(str, req.exact[0][1])) if req.exact else {gpu.label}
     found = [
-        describe(b, now, set(b.indices) & wanted)
+        describe(b, now, set(b.labels) & wanted)
         for b in snap.bookings
         if gpu.uuid in b.uuids and b.overlaps(req.start, req.end)
     ]
@@ -238,17 +239,17 @@ def _in_the_way(
             and c.expires > req.start
         ):
             found.append(
-                f"{node} GPU {gpu.index} is claimed by {c.user} (claim {c.id}) until "
+                f"{node} GPU {gpu.label} is claimed by {c.user} (claim {c.id}) until "
                 f"{format_when(c.expires, now)}, after the booking starts"
             )
     return found
 
 
-def describe(b: Booking, now: float, gpus: Optional[Iterable[int]] = None) -> str:
+def describe(b: Booking, now: float, gpus: Optional[Iterable[object]] = None) -> str:
     """``node01 GPU 0,1 is reserved by alice from today 14:00 to today 17:00 (r-1a2b3c4d)``."""
-    indices = sorted(gpus) if gpus is not None else b.indices
+    shown = b.labels if gpus is None else sorted({str(g) for g in gpus}, key=label_order)
     return (
-        f"{b.node} GPU {','.join(map(str, indices))} is reserved by {b.user} from "
+        f"{b.node} GPU {','.join(shown)} is reserved by {b.user} from "
         f"{format_when(b.start, now)} to {format_when(b.end, now)} (reservation {b.id})"
     )
 
@@ -265,7 +266,7 @@ def _worded(store: Store, booking: Booking, exc: ConflictError, now: float) -> C
     """The store says what won a race without times; say it with the window in local time."""
     others = [b for b in store.bookings() if b.id != booking.id]
     clashes = [
-        describe(b, now, set(b.indices) & set(booking.indices))
+        describe(b, now, set(b.labels) & set(booking.labels))
         for b in others
         if b.shares_gpus(booking.uuids) and b.overlaps(booking.start, booking.end)
     ]
@@ -425,7 +426,7 @@ def my_open_bookings(bookings: Sequence[Booking], user: str, now: float) -> list
     return sorted((b for b in bookings if b.user == user and b.is_open(now)), key=lambda b: b.start)
 
 
-def blocked_message(b: Booking, gpus: Iterable[int], now: float, until: float) -> str:
+def blocked_message(b: Booking, gpus: Iterable[object], now: float, until: float) -> str:
     text = describe(b, now, gpus)
     if b.start > now:
         text += f"; a claim until {format_when(until, now)} would overlap it"
@@ -467,7 +468,8 @@ def gpus_by_node(
                 f"{node.name}: {(inv.error if inv else None) or GpuState.UNREACHABLE.value}"
             )
             continue
-        result[node.name] = [ClaimedGpu(g.uuid, g.index) for g in inv.gpus]
+        # whole GPUs: a booking of MIG slices is not offered (yet)
+        result[node.name] = [ClaimedGpu(g.uuid, g.index) for g in inv.gpus if g.mig is None]
     if not result:
         raise UnreachableError("no node could be asked about its GPUs: " + "; ".join(down))
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -19,6 +20,7 @@ from gpuclaim.core.errors import (
 )
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
+from gpuclaim.core.inventory import gpu_label, label_order
 from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType
 from gpuclaim.core.share_policy import gpu_count
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
@@ -68,27 +70,33 @@ class GcReport:
     lost_jobs: list[str] = field(default_factory=list)
 
 
-def parse_gpu_spec(spec: str) -> tuple[str, tuple[int, ...]]:
-    """``node01:0,2`` -> ("node01", (0, 2))."""
+_LABEL = re.compile(r"^(\d+)(?:/(\d+))?$")
+
+
+def parse_gpu_spec(spec: str) -> tuple[str, tuple[str, ...]]:
+    """``node01:0,2`` -> ("node01", ("0", "2")); ``node01:0/1`` names slice 1 of GPU 0."""
     node, sep, rest = spec.partition(":")
     if not sep or not node or not rest:
         raise UsageError(f"--gpu wants NODE:INDEX[,INDEX...], e.g. node01:0,2 (got {spec!r})")
-    try:
-        listed = [int(x) for x in rest.split(",")]
-    except ValueError:
-        raise UsageError(f"--gpu indices must be numbers, e.g. node01:0,2 (got {spec!r})") from None
-    if any(i < 0 for i in listed):
-        raise UsageError(f"--gpu indices must be >= 0 (got {spec!r})")
+    listed = []
+    for part in rest.split(","):
+        m = _LABEL.match(part.strip())
+        if m is None:
+            raise UsageError(
+                f"--gpu indices must be numbers (a MIG slice: GPU/SLICE, e.g. node01:0/1), "
+                f"e.g. node01:0,2 (got {spec!r})"
+            )
+        listed.append(gpu_label(int(m[1]), None if m[2] is None else int(m[2])))
     twice = sorted({i for i in listed if listed.count(i) > 1})
     if twice:
         raise UsageError(f"--gpu {spec}: GPU {twice[0]} is listed twice")
-    return node, tuple(sorted(listed))
+    return node, tuple(sorted(listed, key=label_order))
 
 
-def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+def parse_gpu_specs(specs: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """Several ``--gpu`` options; any GPU named twice, in one or across them, is bad input."""
     parsed = [parse_gpu_spec(s) for s in specs]
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, str]] = set()
     for node, indices in parsed:
         for i in indices:
             if (node, i) in seen:
@@ -160,7 +168,7 @@ def claim_gpus(
         if clash is not None:
             _remove_own(store, claim)
             if req.exact or req.adopt or attempt == RACE_RETRIES - 1:
-                raise ConflictError(blocked_message(clash, claim.indices, now, claim.expires))
+                raise ConflictError(blocked_message(clash, claim.labels, now, claim.expires))
             view = build_view(config, store, nodes, view.inventories)
             continue
         _mark_bookings_used(store, view.snapshot.bookings, claim, now)
@@ -176,7 +184,7 @@ def _new_claim(
         id=new_claim_id(),
         user=req.user,
         node=node,
-        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in rows),
+        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0, r.mig) for r in rows),
         since=now,
         expires=expires,
         note=req.note,
@@ -216,7 +224,7 @@ def _claim_handed_over(
     booking = hand_over(config, store, req, handover, say)
     try:
         exact = dataclasses.replace(
-            req, exact=((handover.node, handover.indices),), node=None, reservation=None
+            req, exact=((handover.node, handover.labels),), node=None, reservation=None
         )
         # asked again: the yielded jobs' processes are gone now (an earlier answer shows them)
         return claim_gpus(config, store, exact, prober.fresh())
@@ -243,7 +251,7 @@ def _within(
         ]
     if len(rows) < need:
         held = [
-            f"GPU {r.index} {r.state}" + (f" by {r.claim.user}" if r.claim else "")
+            f"GPU {r.label} {r.state}" + (f" by {r.claim.user}" if r.claim else "")
             for r in view.gpus_of(booked.node)
             if r.uuid in booked.uuids and r not in rows
         ]
@@ -251,7 +259,7 @@ def _within(
             f"reservation {booked.id}: {len(rows)} of its {len(booked.gpus)} GPUs on "
             f"{booked.node} are free now, {need} wanted ({', '.join(held)})"
         )
-    indices = tuple(sorted(r.index or 0 for r in rows[:need]))
+    indices = tuple(r.label for r in sorted(rows[:need], key=lambda r: r.order))
     return dataclasses.replace(req, exact=((booked.node, indices),), node=None)
 
 
@@ -285,7 +293,7 @@ def release_claims(
     store: Store,
     user: str,
     claim_ids: Sequence[str] = (),
-    gpus: Sequence[tuple[str, tuple[int, ...]]] = (),
+    gpus: Sequence[tuple[str, tuple[str, ...]]] = (),
     release_all: bool = False,
     force: bool = False,
     jobs_too: bool = False,
@@ -320,7 +328,7 @@ def release_claims(
                 (
                     s
                     for s in snap.claims.values()
-                    if s.claim.node == node and index in s.claim.indices
+                    if s.claim.node == node and index in s.claim.labels
                 ),
                 None,
             )
@@ -334,7 +342,7 @@ def release_claims(
             name = _job_names(store, {status.claim.id: status})
             raise GpuclaimError(
                 f"claim {status.claim.id} ({status.claim.node} GPU "
-                f"{','.join(map(str, status.claim.indices))}) belongs to the running job "
+                f"{','.join(status.claim.labels)}) belongs to the running job "
                 f"{name}: it is released when the job ends",
                 hint=f"stop the job with 'gpuclaim kill {name}'",
             )

@@ -12,6 +12,7 @@ from gpuclaim.core.booking import Booking
 from gpuclaim.core.config import Config, Limits, NodeConfig
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
+from gpuclaim.core.inventory import gpu_label
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.core.protocol import probe_request
@@ -44,6 +45,25 @@ class GpuRow:
     shares: tuple[Claim, ...] = ()  # the live shares of its memory (state shared)
 
     @property
+    def mig(self) -> Optional[int]:
+        """A MIG slice's number under GPU ``index`` (None: a whole GPU)."""
+        if self.gpu is not None:
+            return self.gpu.mig
+        held = self.claim.gpus if self.claim is not None else ()
+        return next((g.mig for g in held if g.uuid == self.uuid), None)
+
+    @property
+    def label(self) -> str:
+        """``0``, or ``0/1`` for slice 1 of GPU 0; ``-`` for a node without GPUs known."""
+        return "-" if self.index is None else gpu_label(self.index, self.mig)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Within a node: by index, a GPU's slices by number (a row without a GPU first)."""
+        mig = self.mig
+        return (-1 if self.index is None else self.index, -1 if mig is None else mig)
+
+    @property
     def share_room_mib(self) -> int:
         """Memory a new share could take now: the GPU's less what its shares hold, and less
         what is in use on it (a share's job not yet allocated counts as using all of it)."""
@@ -66,6 +86,9 @@ class GpuRow:
             "node": self.node,
             "index": self.index,
             "uuid": self.uuid,
+            "mig": self.mig,
+            "mig_profile": g.mig_profile if g else None,
+            "gpu": self.label,
             "name": g.name if g else None,
             "memory_used_mib": g.memory_used_mib if g else None,
             "memory_total_mib": g.memory_total_mib if g else None,
@@ -191,7 +214,9 @@ def build_view(
                     sum(
                         1
                         for g in inv.gpus
-                        if g.uuid not in early.files
+                        if g.mig is None
+                        and not g.mig_parent
+                        and g.uuid not in early.files
                         and g.uuid not in early.shares
                         and not is_busy(g, foreign_processes(g, config.limits), config.limits)
                     )
@@ -212,6 +237,8 @@ def build_view(
             rows.extend(_rows_without_probe(node.name, inv, snap, seen))
             continue
         for gpu in inv.gpus:
+            if gpu.mig_parent:  # never handed out whole (a probe lists its slices instead)
+                continue
             seen.add(gpu.uuid)
             row = judge_gpu(gpu, snap.claim_for(gpu.uuid), snap, config.limits)
             rows.append(with_booking(row, snap))
@@ -236,7 +263,7 @@ def build_view(
                         status.reason or "GPU not seen by the probe",
                     )
                 )
-    rows.sort(key=lambda r: (_node_order(config, r.node), r.index if r.index is not None else -1))
+    rows.sort(key=lambda r: (_node_order(config, r.node), r.order))
     return ClusterView(rows=rows, inventories=inventories, snapshot=snap, drains=snap.drains)
 
 

@@ -218,6 +218,7 @@ class _Pass:
             preemptible=job.preemptible,
             gpu_mem_mib=job.gpu_mem_mib,
             gpu_share=job.gpu_share,
+            mig=job.mig,
         )
         usable = [n for n in nodes if n not in self.view.drains and n not in self.view.unreachable]
         if job.shared:
@@ -413,12 +414,12 @@ def preempt_for(
         return None
     under_way = yielding_to(view.snapshot.bookings, job.user, nodes)
     if under_way is not None:
-        gpus = ",".join(map(str, under_way.indices))
+        gpus = ",".join(under_way.labels)
         return Reason(
             ReasonCode.RESOURCES,
             f"preemptible jobs yield {under_way.node} GPU {gpus} to {job.user}",
         )
-    req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node)
+    req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node, mig=job.mig)
     handover = find_handover(config, view, req, duration)
     if handover is None:
         return None
@@ -426,7 +427,7 @@ def preempt_for(
         _, who = begin_handover(config, store, req, handover)
     except GpuclaimError:
         return None  # another pass or claim got there first: judged again next time
-    gpus = ",".join(map(str, handover.indices))
+    gpus = ",".join(handover.labels)
     return Reason(ReasonCode.RESOURCES, f"waiting for {who} to yield {handover.node} GPU {gpus}")
 
 

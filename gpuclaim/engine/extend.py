@@ -126,7 +126,7 @@ def extend_claim(store: Store, snap: Snapshot, claim: Claim, new_expiry: float) 
     clash = booked_meanwhile(store, new)
     if clash is not None:  # a booking made while we extended: it stands, we give way
         store.rewrite(new, claim)
-        raise ConflictError(blocked_message(clash, claim.indices, snap.now, new_expiry))
+        raise ConflictError(blocked_message(clash, claim.labels, snap.now, new_expiry))
     store.append_event(claim_event(EventType.EXTEND, new, store.now()))
     return new
 

@@ -68,7 +68,7 @@ class RunRequest:
     count: int = 1  # GPUs per node
     nodes: int = 1  # > 1: a gang job over that many nodes
     node: Optional[str] = None
-    gpus: tuple[int, ...] = ()  # --gpu NODE:I,J: exactly these GPUs of ``node``
+    gpus: tuple[str, ...] = ()  # --gpu NODE:I,J: exactly these GPUs of ``node`` (labels)
     time_s: Optional[float] = None
     workdir: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
@@ -91,6 +91,7 @@ class RunRequest:
     service: Optional[ServiceSpec] = None  # gpuclaim serve: port (0: auto), health, restarts
     gpu_mem_mib: int = 0  # --gpu-mem: a share of one GPU, this much of its memory
     gpu_share: float = 0.0  # --gpu-share: ... or this part of it
+    mig: Optional[str] = None  # --mig PROFILE: MIG slices of that profile ("any": any slice)
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -188,6 +189,7 @@ def job_from_request(
         service=req.service,
         gpu_mem_mib=req.gpu_mem_mib,
         gpu_share=req.gpu_share,
+        mig=req.mig,
         **more,
     )
 

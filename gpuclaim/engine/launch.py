@@ -154,12 +154,15 @@ def place_and_claim(
             keep_when_idle=job.service is not None and not job.service.idle_release,
             gpu_mem_mib=job.gpu_mem_mib,
             gpu_share=job.gpu_share,
+            mig=job.mig,
         )
         sub = config if allowed is None else _only(config, candidates)
         claim = claim_gpus(sub, store, req, prober=_reuse(prober, view), say=say)
         return [_rank(0, claim)]
     # Gang: the nodes with room, fullest first (best fit), then exact GPUs on each.
-    asking = ClaimRequest(user=job.user, duration_s=duration, preemptible=job.preemptible)
+    asking = ClaimRequest(
+        user=job.user, duration_s=duration, preemptible=job.preemptible, mig=job.mig
+    )
     until = view.snapshot.now + duration
     free = {
         n: usable_rows(view, n, asking, until)
@@ -177,7 +180,8 @@ def place_and_claim(
     ranks: list[JobRank] = []
     try:
         for rank, node in enumerate(fitting[: job.nodes_wanted]):
-            indices = tuple(sorted(r.index or 0 for r in free[node])[: job.gpus_per_node])
+            rows = sorted(free[node], key=lambda r: r.order)[: job.gpus_per_node]
+            indices = tuple(r.label for r in rows)
             req = ClaimRequest(
                 user=job.user,
                 exact=((node, indices),),
@@ -185,6 +189,7 @@ def place_and_claim(
                 note=f"job {job.name} rank {rank}",
                 job=job.id,
                 preemptible=job.preemptible,
+                mig=job.mig,
             )
             ranks.append(_rank(rank, claim_gpus(config, store, req, prober=_reuse(prober, view))))
     except GpuclaimError:

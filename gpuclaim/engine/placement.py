@@ -30,7 +30,7 @@ class ClaimRequest:
     user: str
     count: int = 1  # with ``reservation``, 0: all of the booking's GPUs
     node: Optional[str] = None
-    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((node, (0, 2)),) from --gpu
+    exact: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ((node, ("0", "2")),) from --gpu
     duration_s: Optional[float] = None
     note: str = ""
     job: Optional[str] = None
@@ -41,10 +41,30 @@ class ClaimRequest:
     keep_when_idle: bool = False  # ... that the idle policy never releases
     gpu_mem_mib: int = 0  # a share of one GPU (--gpu-mem): this much of its memory
     gpu_share: float = 0.0  # ... or this part of it (--gpu-share)
+    mig: Optional[str] = None  # MIG slices of this profile (--mig 3g.40gb; "any": any slice)
 
     @property
     def shared(self) -> bool:
         return self.gpu_mem_mib > 0 or self.gpu_share > 0
+
+
+def kind_fits(row: GpuRow, req: ClaimRequest) -> bool:
+    """Whole GPUs for a plain request, MIG slices (of its profile) for ``--mig``: a 1g.10gb
+    slice handed to ``-n 1`` would surprise, and a GPU in MIG mode is never whole."""
+    if req.mig is None:
+        return row.mig is None
+    profile = row.gpu.mig_profile if row.gpu is not None else None
+    return row.mig is not None and req.mig in ("any", profile)
+
+
+def profiles_on(rows: Sequence[GpuRow]) -> list[str]:
+    """The MIG profiles of these rows' slices, each once, as the node has them."""
+    found: list[str] = []
+    for r in rows:
+        profile = r.gpu.mig_profile if r.gpu is not None else None
+        if r.mig is not None and profile and profile not in found:
+            found.append(profile)
+    return found
 
 
 def hold_until(row: GpuRow, req: ClaimRequest, now: float, until: float) -> float:
@@ -73,7 +93,7 @@ def usable_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) -
     bookings = bookings_against(req, view.snapshot.bookings)
     rows = []
     for r in view.gpus_of(node):
-        if not r.uuid:
+        if not r.uuid or not kind_fits(r, req):
             continue
         if r.state == GpuState.RESERVED:
             b = r.booking
@@ -84,7 +104,7 @@ def usable_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) -
         if blocking(bookings, r.uuid, req.user, now, hold_until(r, req, now, until)) is None:
             rows.append(r)
     return sorted(
-        rows, key=lambda r: (not mine_open(r, req.user, now), r.state != GpuState.FREE, r.index)
+        rows, key=lambda r: (not mine_open(r, req.user, now), r.state != GpuState.FREE, r.order)
     )
 
 
@@ -115,13 +135,9 @@ def pick_free(
             "no node could be asked about its GPUs: "
             + "; ".join(f"{n}: {view.inventories[n].error}" for n in view.unreachable)
         )
-    sizes = {n: len(view.gpus_of(n)) for n in reachable}
+    sizes = {n: sum(kind_fits(r, req) for r in view.gpus_of(n)) for n in reachable}
     if req.count > max(sizes.values()):
-        where = f"{req.node} has" if req.node else "the largest node has"
-        raise NeverFitsError(
-            f"{req.count} GPUs can never fit: {where} {max(sizes.values())}",
-            hint="ask for fewer GPUs (a claim holds GPUs of one node)",
-        )
+        raise _never_fits(view, req, reachable, max(sizes.values()))
     until = view.snapshot.now + duration
     candidates: list[tuple[bool, int, int, str, list[GpuRow]]] = []
     for order, node in enumerate(reachable):
@@ -136,7 +152,31 @@ def pick_free(
     # One's own open booking first; then best fit: the node with the fewest free GPUs that
     # still fits, so big requests keep room.
     _, _, _, node, free = min(candidates, key=lambda c: (c[0], c[1], c[2]))
-    return node, sorted(free[: req.count], key=lambda r: r.index or 0)
+    return node, sorted(free[: req.count], key=lambda r: r.order)
+
+
+def _never_fits(
+    view: ClusterView, req: ClaimRequest, nodes: list[str], most: int
+) -> NeverFitsError:
+    """Too many GPUs for any node; or, with MIG slices about, the kind that is there."""
+    profiles = profiles_on([r for n in nodes for r in view.gpus_of(n)])
+    if req.mig is not None and most == 0:
+        where = f"{req.node} has" if req.node else "no node has"
+        have = f" (there are {', '.join(profiles)})" if profiles else ""
+        what = "MIG slices" if req.mig == "any" else f"MIG slices of {req.mig}"
+        return NeverFitsError(f"{where} no {what}{have}", hint="see 'gpuclaim status'")
+    if req.mig is None and most == 0 and profiles:
+        where = req.node or "the nodes"
+        return NeverFitsError(
+            f"{where}: every GPU is in MIG mode, none is handed out whole",
+            hint=f"ask for a slice: --mig {profiles[0]} (slices there: {', '.join(profiles)})",
+        )
+    where = f"{req.node} has" if req.node else "the largest node has"
+    kind = "GPUs" if req.mig is None else "slices"
+    return NeverFitsError(
+        f"{req.count} {kind} can never fit: {where} {most}",
+        hint="ask for fewer GPUs (a claim holds GPUs of one node)",
+    )
 
 
 def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[str, list[GpuRow]]:
@@ -145,12 +185,14 @@ def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[s
         raise UnreachableError(f"{node} cannot be reached: {view.inventories[node].error}")
     if node in view.drains:
         raise ConflictError(_drain_message(view, node))
-    by_index = {r.index: r for r in view.gpus_of(node)}
+    by_index = {r.label: r for r in view.gpus_of(node)}
     rows = []
-    for index in indices:
+    for index in map(str, indices):  # labels; an int from an API caller names a GPU too
         row = by_index.get(index)
         if row is None:
-            raise NeverFitsError(f"{node} has no GPU {index} (it has {_index_list(by_index)})")
+            raise NeverFitsError(
+                f"{node} has no GPU {index} (it has {_index_list(list(by_index.values()))})"
+            )
         if row.state == GpuState.CLAIMED and row.claim is not None:
             raise ConflictError(f"{node} GPU {index} is held by {row.claim.user} ({row.claim.id})")
         if row.state == GpuState.BUSY_UNCLAIMED:
@@ -162,7 +204,7 @@ def pick_exact(view: ClusterView, req: ClaimRequest, duration: float) -> tuple[s
         until = hold_until(row, req, now, now + duration)
         b = blocking(against, row.uuid or "", req.user, now, until)
         if b is not None:
-            shared = [r.index or 0 for r in rows if r.uuid in b.uuids]
+            shared = [r.label for r in rows if r.uuid in b.uuids]
             raise ConflictError(blocked_message(b, shared, now, until), hint=backfill_hint(b, now))
     return node, rows
 
@@ -186,7 +228,7 @@ def pick_adopt(view: ClusterView, req: ClaimRequest) -> tuple[str, list[GpuRow]]
             + "; pick one with --node"
         )
     node, rows = next(iter(mine.items()))
-    return node, sorted(rows, key=lambda r: r.index or 0)
+    return node, sorted(rows, key=lambda r: r.order)
 
 
 def _nothing_free_message(
@@ -195,26 +237,29 @@ def _nothing_free_message(
     """Why nothing fits, and a hint: the bookings in the way say who and from when."""
     parts = []
     now = view.snapshot.now
-    in_way: dict[str, tuple[Booking, list[int]]] = {}
+    in_way: dict[str, tuple[Booking, list[str]]] = {}
     for node in nodes:
         if node in view.drains:
             parts.append(f"{node} drained")
             continue
-        rows = view.gpus_of(node)
+        rows = [r for r in view.gpus_of(node) if kind_fits(r, req)]
         free = len(usable_rows(view, node, req, until))
         parts.append(f"{node} {free}/{len(rows)} free")
         for r in rows:
             b = blocking(view.snapshot.bookings, r.uuid or "", req.user, now, until)
             if b is not None and r.state in (GpuState.FREE, GpuState.STALE, GpuState.RESERVED):
-                in_way.setdefault(b.id, (b, []))[1].append(r.index or 0)
+                in_way.setdefault(b.id, (b, []))[1].append(r.label)
         shared = [
-            f"{node} GPU {r.index} is shared ({r.shares_text})"
+            f"{node} GPU {r.label} is shared ({r.shares_text})"
             for r in rows
             if r.state == GpuState.SHARED
         ]
         if shared:
             parts[-1] += ": " + ", ".join(shared)
     want = f"{req.count} GPU{'s' if req.count != 1 else ''}"
+    if req.mig is not None:
+        kind = "MIG slice" if req.mig == "any" else f"{req.mig} slice"
+        want = f"{req.count} {kind}{'s' if req.count != 1 else ''}"
     text = f"no node has {want} free now ({', '.join(parts)})"
     if not in_way:
         return text, None
@@ -229,6 +274,6 @@ def _drain_message(view: ClusterView, node: str) -> str:
     return f"{node} is drained by {info.get('user', '?')}{reason}"
 
 
-def _index_list(by_index: dict[Optional[int], GpuRow]) -> str:
-    found = sorted(i for i in by_index if i is not None)
-    return ", ".join(map(str, found)) if found else "no GPUs"
+def _index_list(rows: list[GpuRow]) -> str:
+    found = [r.label for r in sorted(rows, key=lambda r: r.order) if r.index is not None]
+    return ", ".join(found) if found else "no GPUs"

@@ -35,6 +35,7 @@ from gpuclaim.engine.placement import (
     ClaimRequest,
     bookings_against,
     candidate_nodes,
+    kind_fits,
     usable_rows,
 )
 from gpuclaim.store import Store
@@ -62,6 +63,11 @@ class Handover:
     @property
     def indices(self) -> tuple[int, ...]:
         return tuple(sorted(r.index or 0 for r in self.rows))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Its GPUs' labels (``0``, ``0/1``), in order."""
+        return tuple(r.label for r in sorted(self.rows, key=lambda r: r.order))
 
 
 def yieldable(row: GpuRow, req: ClaimRequest) -> bool:
@@ -98,13 +104,15 @@ def find_handover(
             continue
         held: dict[str, list[GpuRow]] = {}
         for r in view.gpus_of(node):
+            if not kind_fits(r, req):
+                continue
             if yieldable(r, req) and blocking(against, r.uuid or "", req.user, now, until) is None:
                 assert r.claim is not None
                 held.setdefault(r.claim.id, []).append(r)
         victims = _fewest_newest(list(held.values()), need)
         if victims is None:
             continue
-        got = [r for rows in victims for r in sorted(rows, key=lambda r: r.index or 0)]
+        got = [r for rows in victims for r in sorted(rows, key=lambda r: r.order)]
         chosen = tuple(rows[0].claim for rows in victims if rows[0].claim is not None)
         handover = Handover(node, tuple(free) + tuple(got[:need]), chosen)
         key = (len(chosen), order)
@@ -152,11 +160,11 @@ def _exact(view: ClusterView, req: ClaimRequest, duration: float) -> Optional[Ha
     now = view.snapshot.now
     until = now + duration
     against = bookings_against(req, view.snapshot.bookings)
-    by_index = {r.index: r for r in view.gpus_of(node)}
-    usable = {r.index for r in usable_rows(view, node, req, until)}
+    by_index = {r.label: r for r in view.gpus_of(node)}
+    usable = {r.label for r in usable_rows(view, node, req, until)}
     rows: list[GpuRow] = []
     victims: dict[str, Claim] = {}
-    for index in indices:
+    for index in map(str, indices):
         row = by_index.get(index)
         if row is None:
             return None
@@ -208,7 +216,7 @@ def begin_handover(
         id=new_booking_id(),
         user=req.user,
         node=handover.node,
-        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0) for r in handover.rows),
+        gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0, r.mig) for r in handover.rows),
         start=now,
         end=now + budget,
         note=f"hand-over: {who} yield to {req.user}",
@@ -252,9 +260,10 @@ def _names(victims: Sequence[Claim], jobs: dict[str, Optional[Job]]) -> str:
     return ", ".join(names)
 
 
-def _victim_indices(handover: Handover) -> list[int]:
+def _victim_indices(handover: Handover) -> list[str]:
     ids = {c.id for c in handover.victims}
-    return sorted(r.index or 0 for r in handover.rows if r.claim is not None and r.claim.id in ids)
+    held = [r for r in handover.rows if r.claim is not None and r.claim.id in ids]
+    return [r.label for r in sorted(held, key=lambda r: r.order)]
 
 
 def _ask_to_yield(

@@ -99,10 +99,11 @@ def resources(view: ClusterView, job: Job, free: dict[str, int], until: float) -
             f"{b.node} GPUs {','.join(map(str, sorted(gpus)))} booked by {b.user} "
             f"until {format_when(b.end, now)}",
         )
-    want = f"{job.gpus_per_node} GPU{'s' if job.gpus_per_node != 1 else ''}"
+    kind = "GPU" if job.mig is None else ("MIG slice" if job.mig == "any" else f"{job.mig} slice")
+    want = f"{job.gpus_per_node} {kind}{'s' if job.gpus_per_node != 1 else ''}"
     where = "on one node" if job.nodes_wanted == 1 else f"on each of {job.nodes_wanted} nodes"
     shared = [
-        f"{node} GPU {r.index} is shared ({shares_text(r)})"
+        f"{node} GPU {r.label} is shared ({shares_text(r)})"
         for node in free
         for r in view.gpus_of(node)
         if r.state == GpuState.SHARED

@@ -23,6 +23,7 @@ from gpuclaim.engine.placement import (
     ClaimRequest,
     bookings_against,
     candidate_nodes,
+    kind_fits,
     usable_rows,
 )
 
@@ -44,21 +45,21 @@ def share_rows(view: ClusterView, node: str, req: ClaimRequest, until: float) ->
     rows = list(usable_rows(view, node, req, until))
     for r in view.gpus_of(node):
         free_of_bookings = blocking(bookings, r.uuid or "", req.user, now, until) is None
-        if r.state == GpuState.SHARED and r.uuid and free_of_bookings:
+        if r.state == GpuState.SHARED and r.uuid and free_of_bookings and kind_fits(r, req):
             rows.append(r)
     fitting = [r for r in rows if share_room_mib(r) >= share_wanted(r, req) > 0]
     if req.exact:
-        wanted = set(req.exact[0][1])
-        fitting = [r for r in fitting if r.index in wanted]
+        wanted = set(map(str, req.exact[0][1]))
+        fitting = [r for r in fitting if r.label in wanted]
     return sorted(fitting, key=lambda r: _fit_key(r, req))
 
 
-def _fit_key(row: GpuRow, req: ClaimRequest) -> tuple[bool, int, int]:
+def _fit_key(row: GpuRow, req: ClaimRequest) -> tuple[bool, int, tuple[int, int]]:
     # shared ones first, then the least room left over, then the lower index
     return (
         row.state != GpuState.SHARED,
         share_room_mib(row) - share_wanted(row, req),
-        row.index or 0,
+        row.order,
     )
 
 
@@ -83,7 +84,7 @@ def pick_share(
             f"{format_mib(biggest)}",
             hint="ask for less, or for whole GPUs without --gpu-mem",
         )
-    best: Optional[tuple[tuple[bool, int, int, int], str, GpuRow]] = None
+    best: Optional[tuple[tuple[bool, int, int, tuple[int, int]], str, GpuRow]] = None
     for order, node in enumerate(reachable):
         if node in view.drains:
             continue
@@ -99,10 +100,10 @@ def pick_share(
 
 def nothing_fits(view: ClusterView, req: ClaimRequest, nodes: Sequence[str]) -> str:
     want = format_mib(req.gpu_mem_mib) if req.gpu_mem_mib else f"{req.gpu_share:g} of a GPU"
-    return f"no GPU has {want} unshared now ({'; '.join(gpu_lines(view, nodes)) or 'no GPUs'})"
+    return f"no GPU has {want} unshared now ({'; '.join(gpu_lines(view, nodes, req)) or 'no GPUs'})"
 
 
-def gpu_lines(view: ClusterView, nodes: Sequence[str]) -> list[str]:
+def gpu_lines(view: ClusterView, nodes: Sequence[str], req: ClaimRequest) -> list[str]:
     """Each GPU in a few words, for the reasons a share waits or a whole GPU does."""
     lines = []
     for node in nodes:
@@ -110,14 +111,16 @@ def gpu_lines(view: ClusterView, nodes: Sequence[str]) -> list[str]:
             lines.append(f"{node} drained")
             continue
         for r in view.gpus_of(node):
+            if not kind_fits(r, req):
+                continue
             if r.state == GpuState.SHARED:
-                lines.append(f"{node} GPU {r.index} shared: {shares_text(r)}")
+                lines.append(f"{node} GPU {r.label} shared: {shares_text(r)}")
             elif r.state == GpuState.CLAIMED and r.claim is not None:
-                lines.append(f"{node} GPU {r.index} held whole by {r.claim.user}")
+                lines.append(f"{node} GPU {r.label} held whole by {r.claim.user}")
             elif r.state != GpuState.FREE:
-                lines.append(f"{node} GPU {r.index} {r.state}")
+                lines.append(f"{node} GPU {r.label} {r.state}")
             else:
-                lines.append(f"{node} GPU {r.index} {format_mib(share_room_mib(r))} free")
+                lines.append(f"{node} GPU {r.label} {format_mib(share_room_mib(r))} free")
     return lines
 
 

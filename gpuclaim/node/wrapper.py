@@ -106,8 +106,10 @@ class Wrapper(ChildRun):
             return {}, f"claimed GPU {missing[0]} is not on this node any more"
         if self.job.visible_as == "uuid":
             visible = ",".join(self.me.gpu_uuids)
-        else:
-            visible = ",".join(str(index_of[u]) for u in self.me.gpu_uuids)
+        else:  # a MIG slice only by its UUID: CUDA has no index for it
+            visible = ",".join(
+                u if u.startswith("MIG-") else str(index_of[u]) for u in self.me.gpu_uuids
+            )
         workenv = self.spec["workenv"]
         try:
             env = job_environment(

@@ -69,6 +69,9 @@ echo @smi
 o=$({env}$t "$@" -q -x 2>&3); c=$?
 printf '%s\n' "$o"
 echo "@smi-exit $c"
+case $o in *'<current_mig>Enabled'*)  # MIG slices' UUIDs: only -L says them (no user text)
+  echo @list; {env}$t "$@" -L 2>&3; echo "@list-exit $?";;
+esac
 echo @owners
 case $o in *'<pid>'*)
   q=$(printf '%s\n' "$o" | sed -n 's:.*<pid>\([0-9][0-9]*\)</pid>.*:/proc/\1:p')
@@ -171,10 +174,10 @@ def _marked(lines: list[str], need_end: bool) -> Optional[dict[str, str]]:
     current: Optional[list[str]] = None
     for line in lines:
         name, _, value = line.partition(" ")
-        if name in ("@agent", "@socket", "@smi-exit", "@cannot"):
+        if name in ("@agent", "@socket", "@smi-exit", "@cannot", "@list-exit"):
             found[name[1:]] = [value]
             current = None
-        elif name in ("@boot", "@self", "@mounts", "@wrappers", "@owners", "@no-smi"):
+        elif name in ("@boot", "@self", "@mounts", "@wrappers", "@owners", "@no-smi", "@list"):
             current = found.setdefault(name[1:], [])
         elif line == "@end":
             return {key: "\n".join(block) for key, block in found.items()}
@@ -214,7 +217,8 @@ def _gpus(
         raise ProbeError(f"cannot run {command}: {reason}")
     check_smi_exit(code, stdout, stderr)
     owners = _owners(sections.get("owners", ""))
-    return inventory_from_xml(node, stdout, owners.get)
+    listing = sections.get("list") if sections.get("list-exit", "").strip() == "0" else None
+    return inventory_from_xml(node, stdout, owners.get, listing)
 
 
 def _owners(text: str) -> dict[int, str]:

@@ -3,7 +3,7 @@
 
 Put it on PATH as ``nvidia-smi`` on a test node, or run
 ``python3 -m gpuclaim.sim.fake_nvidia_smi``.  It imports nothing from gpuclaim, so
-the file can be copied anywhere on its own.
+the file can be copied anywhere, with ``fake_report.py`` beside it.
 
 State: the JSON file named by ``$GPUCLAIM_SIM_STATE``; this node is ``$GPUCLAIM_NODE``
 (default: the short host name)::
@@ -18,6 +18,11 @@ State: the JSON file named by ``$GPUCLAIM_SIM_STATE``; this node is ``$GPUCLAIM_
                                                    "type": "C"}]}]}}}
 
 Every key but ``nodes`` is optional; ``"gpus": 4`` is short for four default H100s.
+``"mig": ["3g.40gb", "1g.10gb"]`` puts a GPU in MIG mode with those slices (``true``: MIG
+mode, no slices yet); a slice's UUID is :func:`sim_mig_uuid`, its GPU instance id
+``2 * N + 1`` (not its number, as on real GPUs), its memory the profile's GB in GiB less
+256 MiB (``"mig_memory_mib": [..]`` sets it). A job whose ``CUDA_VISIBLE_DEVICES`` names
+a slice's UUID runs in that slice: ``-q -x`` lists it under the GPU with its instance ids.
 ``memory_total_mib: null`` prints ``[N/A]`` like a unified-memory GB10;
 ``"persistence": false`` reports persistence mode off.  A GPU's ``memory.used`` is
 ``memory_used_mib`` (a baseline) plus the memory of its listed processes and of live jobs.
@@ -54,6 +59,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+try:  # inside the package, or copied alone beside it (a test node's bin/)
+    from gpuclaim.sim.fake_report import SimSlice, listed, profile_mib, query_xml
+except ImportError:  # pragma: no cover - the copied layout
+    from fake_report import SimSlice, listed, profile_mib, query_xml  # type: ignore[import-not-found,no-redef]
+
 NO_DRIVER_MESSAGE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
@@ -84,6 +94,7 @@ class SimProcess:
         self.name = name
         self.used_mib = used_mib
         self.kind = kind
+        self.gpu_instance: Optional[int] = None  # in a MIG slice: its GPU instance id
 
 
 class SimGpu:
@@ -98,7 +109,14 @@ class SimGpu:
         self.total: Optional[int] = None if total is None else int(total)
         self.base_used = int(spec.get("memory_used_mib") or 0)
         self.util = int(spec.get("utilization_pct") or 0)
-        self.mig = bool(spec.get("mig", False))
+        mig = spec.get("mig", False)
+        self.mig = bool(mig)
+        profiles = [str(m) for m in mig] if isinstance(mig, list) else []
+        sizes = list(spec.get("mig_memory_mib") or [profile_mib(m) for m in profiles])
+        self.slices = [
+            SimSlice(node, index, n, m, int(size), f"{self.name} MIG {m}")
+            for n, (m, size) in enumerate(zip(profiles, sizes))
+        ]
         self.persistence = bool(spec.get("persistence", True))
         self.processes = [
             SimProcess(
@@ -113,8 +131,11 @@ class SimGpu:
         self.power = spec.get("power_draw_w")
         self.has_jobs = False
 
-    def add_job(self, proc: SimProcess, util: int) -> None:
+    def add_job(self, proc: SimProcess, util: int, in_slice: Optional[SimSlice] = None) -> None:
         """A live job: its memory counts as used and its utilization replaces the baseline."""
+        if in_slice is not None:
+            in_slice.processes.append(proc)
+            proc.gpu_instance = in_slice.gpu_instance
         self.processes.append(proc)
         self.util = max(self.util, util) if self.has_jobs else util
         self.has_jobs = True
@@ -368,9 +389,17 @@ def live_jobs(
 
 def visible_gpus(value: str, gpus: list[SimGpu]) -> list[SimGpu]:
     """The GPUs a CUDA_VISIBLE_DEVICES value names (indices, UUIDs or unique UUID prefixes)."""
-    out: list[SimGpu] = []
+    return [g for g, _ in visible_devices(value, gpus)]
+
+
+def visible_devices(value: str, gpus: list[SimGpu]) -> list[tuple[SimGpu, Optional[SimSlice]]]:
+    """The GPUs and MIG slices (by ``MIG-`` UUID) a CUDA_VISIBLE_DEVICES value names."""
+    out: list[tuple[SimGpu, Optional[SimSlice]]] = []
     for token in (t.strip() for t in value.split(",")):
         if not token:
+            continue
+        if token.startswith("MIG-"):
+            out += [(g, m) for g in gpus for m in g.slices if m.uuid == token]
             continue
         if token.isdigit():
             found = [g for g in gpus if g.index == int(token)]
@@ -378,8 +407,8 @@ def visible_gpus(value: str, gpus: list[SimGpu]) -> list[SimGpu]:
             found = [g for g in gpus if g.uuid == token]
             if not found and token.startswith("GPU-"):
                 found = [g for g in gpus if g.uuid.startswith(token)]
-        if len(found) == 1 and found[0] not in out:
-            out.append(found[0])
+        if len(found) == 1 and (found[0], None) not in out:
+            out.append((found[0], None))
     return out
 
 
@@ -398,8 +427,8 @@ def build_gpus(node: str, entry: dict[str, Any]) -> list[SimGpu]:
     for pid, argv0, env in node_jobs(node):
         mem = _env_int(env, FAKE_MEM_ENV, 1024)
         util = _env_int(env, FAKE_UTIL_ENV, 100)
-        for gpu in visible_gpus(env["CUDA_VISIBLE_DEVICES"], gpus):
-            gpu.add_job(SimProcess(pid, argv0, mem), util)
+        for gpu, in_slice in visible_devices(env["CUDA_VISIBLE_DEVICES"], gpus):
+            gpu.add_job(SimProcess(pid, argv0, mem), util, in_slice)
     return gpus
 
 
@@ -480,63 +509,6 @@ def summary(ctx: Context, gpus: list[SimGpu], node: str) -> list[str]:
     return lines
 
 
-def query_xml(ctx: Context, gpus: list[SimGpu]) -> list[str]:
-    """``-q -x``: the elements of the real DTD (v12) that describe identity, memory,
-    utilization, MIG mode and processes, in the real nesting and with the real units."""
-
-    def mib(value: Optional[int]) -> str:
-        return "N/A" if value is None else f"{value} MiB"
-
-    when = dt.datetime.now().strftime("%a %b %d %H:%M:%S %Y")
-    lines = [
-        '<?xml version="1.0" ?>',
-        '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">',
-        "<nvidia_smi_log>",
-        f"\t<timestamp>{when}</timestamp>",
-        f"\t<driver_version>{_xml(ctx.driver)}</driver_version>",
-        f"\t<attached_gpus>{len(ctx.gpus)}</attached_gpus>",
-    ]
-    for g in gpus:
-        mode = "Enabled" if g.mig else "Disabled"
-        util = "N/A" if g.utilization is None else f"{g.utilization} %"
-        lines += [
-            f'\t<gpu id="{g.bus_id}">',
-            f"\t\t<product_name>{_xml(g.name)}</product_name>",
-            f"\t\t<mig_mode>\n\t\t\t<current_mig>{mode}</current_mig>",
-            f"\t\t\t<pending_mig>{mode}</pending_mig>\n\t\t</mig_mode>",
-            "\t\t<mig_devices>\n\t\t\tNone\n\t\t</mig_devices>",
-            f"\t\t<uuid>{g.uuid}</uuid>",
-            f"\t\t<minor_number>{g.index}</minor_number>",
-            f"\t\t<pci>\n\t\t\t<pci_bus_id>{g.bus_id}</pci_bus_id>\n\t\t</pci>",
-            "\t\t<fb_memory_usage>",
-            f"\t\t\t<total>{mib(g.total)}</total>",
-            f"\t\t\t<reserved>{mib(None if g.total is None else 0)}</reserved>",
-            f"\t\t\t<used>{mib(g.used)}</used>",
-            f"\t\t\t<free>{mib(g.free)}</free>",
-            "\t\t</fb_memory_usage>",
-            f"\t\t<utilization>\n\t\t\t<gpu_util>{util}</gpu_util>\n\t\t</utilization>",
-            "\t\t<processes>",
-        ]
-        for p in g.processes:
-            lines += [
-                "\t\t\t<process_info>",
-                "\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>",
-                "\t\t\t\t<compute_instance_id>N/A</compute_instance_id>",
-                f"\t\t\t\t<pid>{p.pid}</pid>",
-                f"\t\t\t\t<type>{_xml(p.kind)}</type>",
-                f"\t\t\t\t<process_name>{_xml(p.name)}</process_name>",
-                f"\t\t\t\t<used_memory>{mib(p.used_mib)}</used_memory>",
-                "\t\t\t</process_info>",
-            ]
-        lines += ["\t\t</processes>", "\t</gpu>"]
-    lines.append("</nvidia_smi_log>")
-    return lines
-
-
-def _xml(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def run(argv: list[str]) -> list[str]:
     opts = parse_args(argv)
     if opts["mode"] == "version":
@@ -554,7 +526,7 @@ def run(argv: list[str]) -> list[str]:
     gpus = select(all_gpus, opts["ids"])
     ctx = Context(driver, all_gpus)
     if opts["mode"] == "list":
-        return [f"GPU {g.index}: {g.name} (UUID: {g.uuid})" for g in gpus]
+        return [line for g in gpus for line in listed(g)]
     if opts["mode"] == "gpu":
         rows = [(ctx, g) for g in gpus]
         return csv_lines(opts["fields"], GPU_FIELDS, GPU_ALIASES, rows, opts["format"])

@@ -171,10 +171,12 @@ def nvmlDeviceGetGraphicsRunningProcesses(handle: smi.SimGpu) -> list[_Struct]:
 
 
 def nvmlDeviceGetMaxMigDeviceCount(handle: smi.SimGpu) -> int:
-    return 0  # the simulator has no MIG instances, only the mode
+    return 7 if handle.mig else 0  # an H100's most slices; unused ones are Not Found
 
 
-def nvmlDeviceGetMigDeviceHandleByIndex(handle: smi.SimGpu, index: int) -> smi.SimGpu:
+def nvmlDeviceGetMigDeviceHandleByIndex(handle: smi.SimGpu, index: int) -> Any:
+    if 0 <= index < len(handle.slices):
+        return handle.slices[index]
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 

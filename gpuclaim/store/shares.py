@@ -106,7 +106,7 @@ class SharesPart(DrainsPart):
         try:
             with self.gpu_lock(gpu.uuid):
                 if os.path.lexists(whole):
-                    raise ConflictError(f"{claim.node} GPU {gpu.index} is held whole")
+                    raise ConflictError(f"{claim.node} GPU {gpu.label} is held whole")
                 _mkdir_shared(target.parent)
                 held = self._share_files(target.parent, gpu.uuid)
                 self._check_room(claim, held)
@@ -115,7 +115,7 @@ class SharesPart(DrainsPart):
             # Published first, the whole claim looked for second (see the module's contract)
             if os.path.lexists(whole):
                 self._remove_share(gpu.uuid, claim.id)
-                raise ConflictError(f"{claim.node} GPU {gpu.index} was just claimed whole")
+                raise ConflictError(f"{claim.node} GPU {gpu.label} was just claimed whole")
         except OSError as exc:
             raise storage_error(self.root, exc) from exc
         finally:
@@ -126,7 +126,7 @@ class SharesPart(DrainsPart):
         damaged = [f for f in held if f.claim is None]
         if damaged:
             raise ConflictError(
-                f"{claim.node} GPU {claim.gpus[0].index} has a damaged share file "
+                f"{claim.node} GPU {claim.gpus[0].label} has a damaged share file "
                 f"({damaged[0].error}): what it holds cannot be known",
                 hint="'gpuclaim gc' sets it aside",
             )
@@ -136,7 +136,7 @@ class SharesPart(DrainsPart):
             free = claim.mem_total_mib - used
             holders = holders_text([(c.user, c.mem_mib) for c in live], free)
             raise ConflictError(
-                f"{claim.node} GPU {claim.gpus[0].index} has {format_mib(free)} unshared, "
+                f"{claim.node} GPU {claim.gpus[0].label} has {format_mib(free)} unshared, "
                 f"{format_mib(claim.mem_mib)} wanted ({holders})"
             )
 

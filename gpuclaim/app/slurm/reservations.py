@@ -37,7 +37,7 @@ def render_reservations(
             continue
         command = scontrol_line(b, spec, now)
         whole = len(b.gpus) >= len(spec.gpus)
-        what = f"{b.user}: {b.node} GPU {','.join(map(str, b.indices))}"
+        what = f"{b.user}: {b.node} GPU {','.join(b.labels)}"
         if b.note:
             what += f" ({comment(b.note)})"
         lines.append(f"# {b.id}, {what}")

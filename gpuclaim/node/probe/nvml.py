@@ -80,7 +80,7 @@ def probe_nvml(node: str) -> NodeInventory:
         driver = _optional(pynvml, lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
         try:
             count = pynvml.nvmlDeviceGetCount()
-            gpus = tuple(_device(pynvml, node, i) for i in range(count))
+            gpus = tuple(g for i in range(count) for g in _units(_device(pynvml, node, i)))
         except pynvml.NVMLError as exc:
             raise ProbeError(f"NVML query failed: {_message(exc)}") from exc
         return NodeInventory(node=node, gpus=gpus, source="nvml", driver_version=driver)
@@ -92,7 +92,13 @@ def probe_nvml(node: str) -> NodeInventory:
                 pass
 
 
-def _device(nv: Any, node: str, index: int) -> Gpu:
+def _units(found: tuple[Gpu, list[Gpu]]) -> list[Gpu]:
+    """A GPU, or in MIG mode its slices (``probe.mig``): it is never handed out whole."""
+    gpu, slices = found
+    return slices if gpu.mig_parent else [gpu]
+
+
+def _device(nv: Any, node: str, index: int) -> tuple[Gpu, list[Gpu]]:
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     uuid = _text(nv.nvmlDeviceGetUUID(handle))
     memory = _memory(nv, handle)
@@ -101,7 +107,7 @@ def _device(nv: Any, node: str, index: int) -> Gpu:
     mig_mode = None if mig is None else mig[0] == nv.NVML_DEVICE_MIG_ENABLE
     pci = _optional(nv, lambda: nv.nvmlDeviceGetPciInfo(handle))
     children = _mig_children(nv, handle) if mig_mode else []
-    return Gpu(
+    gpu = Gpu(
         node=node,
         index=index,
         uuid=uuid,
@@ -113,6 +119,25 @@ def _device(nv: Any, node: str, index: int) -> Gpu:
         mig_mode=mig_mode,
         mig_devices=tuple(child_uuid for _, child_uuid in children),
         processes=_processes(nv, [handle, *(h for h, _ in children)], uuid),
+    )
+    return gpu, [_slice(nv, gpu, number, h, u) for number, (h, u) in enumerate(children)]
+
+
+def _slice(nv: Any, parent: Gpu, number: int, handle: Any, uuid: str) -> Gpu:
+    """Slice ``number`` of ``parent``: its memory, its processes, its profile from its name
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb")."""
+    from gpuclaim.node.probe.mig import as_slice, profile_in
+
+    memory = _memory(nv, handle)
+    name = _optional(nv, lambda: _text(nv.nvmlDeviceGetName(handle))) or ""
+    return as_slice(
+        parent,
+        number,
+        profile_in(name),
+        uuid,
+        None if memory is None else int(memory.total) // MIB,
+        None if memory is None else int(memory.used) // MIB,
+        tuple(p.replace(gpu_uuid=uuid) for p in _processes(nv, [handle], uuid)),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Optional
 
 from gpuclaim.core.errors import ProbeError
 from gpuclaim.core.inventory import NodeInventory
+from gpuclaim.node.probe.mig import needs_listing, parse_listed_slices, slices_from_xml
 from gpuclaim.node.probe.owners import process_user
 from gpuclaim.node.probe.smi_parse import looks_like_no_driver, parse_query_xml
 
@@ -24,21 +25,22 @@ def probe_nvidia_smi(
 ) -> NodeInventory:
     """One ``nvidia-smi -q -x`` (GPUs and their processes), with a timeout: nvidia-smi can
     hang, and each call pays the driver's start-up (seconds without persistence mode)."""
-    proc = _start_smi(smi, ["-q", "-x"], env)
-    try:
-        text = _finish_smi(proc, timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return inventory_from_xml(node, text, process_user)
+    text = _run_smi(smi, ["-q", "-x"], env, timeout)
+    listing = None
+    if "<current_mig>Enabled" in text:  # slices' UUIDs: only -L says them
+        listing = _run_smi(smi, ["-L"], env, timeout)
+    return inventory_from_xml(node, text, process_user, listing)
 
 
 def inventory_from_xml(
-    node: str, text: str, user_of: Callable[[int], Optional[str]]
+    node: str,
+    text: str,
+    user_of: Callable[[int], Optional[str]],
+    listing: Optional[str] = None,
 ) -> NodeInventory:
     """The inventory ``nvidia-smi -q -x`` printed, its processes' owners from ``user_of``
-    (here, or on the laptop for a shell look: ``remote.shell_look``)."""
+    (here, or on the laptop for a shell look: ``remote.shell_look``). A GPU in MIG mode is
+    its slices, named by ``listing`` (``nvidia-smi -L``): ``probe.mig``."""
     try:
         gpus, driver = parse_query_xml(text, node)
     except ValueError as exc:
@@ -47,7 +49,21 @@ def inventory_from_xml(
         g.replace(processes=tuple(p.replace(user=user_of(p.pid)) for p in g.processes))
         for g in gpus
     ]
+    if needs_listing(gpus):
+        gpus = slices_from_xml(gpus, text, parse_listed_slices(listing or ""))
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
+
+
+def _run_smi(
+    smi: Sequence[str], args: list[str], env: Optional[Mapping[str, str]], timeout: float
+) -> str:
+    proc = _start_smi(smi, args, env)
+    try:
+        return _finish_smi(proc, timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _start_smi(
