@@ -844,6 +844,10 @@ class Testbed:
             raise TestbedError(f"no node {name!r} in this testbed")
         pid = self.read_pids().get(name, (0, ""))[0]
         if pid and self._owned(pid):
+            # stopped first: a connection it accepted while we listed its children would
+            # otherwise live on as an orphan session (a loaded CI saw a "stopped" node answer)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
             victims = {pid} | _descendants([pid], _process_table())
             for victim in victims:
                 _kill(victim)
