@@ -16,16 +16,12 @@ import re
 import xml.etree.ElementTree as ET
 
 from gpuclaim.core.inventory import Gpu, GpuProcess
+from gpuclaim.node.probe.smi_parse import _LIST_GPU, _LIST_MIG, _mib, _na
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional
 
-_LIST_GPU = re.compile(r"^GPU (?P<index>\d+): .* \(UUID: (?P<uuid>[^)]+)\)$")
-_LIST_MIG = re.compile(
-    r"^MIG (?P<profile>\S+)\s+Device\s+(?P<mig>\d+): \(UUID: (?P<uuid>MIG-[^)]+)\)$"
-)
-_MIB = re.compile(r"^\s*(\d+)\s*MiB\s*$")
 _PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+\w+)?")
 
 
@@ -54,7 +50,7 @@ def parse_listed_slices(text: str) -> dict[str, dict[int, tuple[str, str]]]:
             continue
         m = _LIST_MIG.match(line)
         if m and parent is not None:
-            out[parent][int(m["mig"])] = (m["profile"], m["uuid"].strip())
+            out[parent][int(m["index"])] = (m["profile"], m["uuid"].strip())
     return out
 
 
@@ -63,7 +59,7 @@ def slices_from_xml(
 ) -> list[Gpu]:
     """``gpus`` (as :func:`parse_query_xml` read them from ``xml_text``) with each GPU in
     MIG mode replaced by its slices: memory from its ``mig_device``, processes by their GPU
-    instance, UUID and profile from ``listed``."""
+    instance, UUID and profile from ``listed``. ValueError for numbers that do not parse."""
     root = ET.fromstring(xml_text)
     out: list[Gpu] = []
     for gpu, el in zip(gpus, root.findall("gpu")):
@@ -73,24 +69,25 @@ def slices_from_xml(
         names = listed.get(gpu.uuid, {})
         in_instance: dict[Optional[str], list[int]] = {}
         for p in el.findall("processes/process_info"):
-            gi = _text(p.findtext("gpu_instance_id"))
-            pid = _text(p.findtext("pid"))
+            gi = _na(p.findtext("gpu_instance_id"))
+            pid = _na(p.findtext("pid"))
             if pid is not None and pid.isdigit():
                 in_instance.setdefault(gi, []).append(int(pid))
         for dev in el.findall("mig_devices/mig_device"):
-            number = _int(dev.findtext("index"))
+            found = _na(dev.findtext("index"))
+            number = int(found) if found is not None and found.isdigit() else None
             if number is None or number not in names:
                 continue
             profile, uuid = names[number]
-            pids = set(in_instance.get(_text(dev.findtext("gpu_instance_id")), ()))
+            pids = set(in_instance.get(_na(dev.findtext("gpu_instance_id")), ()))
             out.append(
                 as_slice(
                     gpu,
                     number,
                     profile,
                     uuid,
-                    _mib(dev.findtext("fb_memory_usage/total")),
-                    _mib(dev.findtext("fb_memory_usage/used")),
+                    _mib(_na(dev.findtext("fb_memory_usage/total")), "total"),
+                    _mib(_na(dev.findtext("fb_memory_usage/used")), "used"),
                     tuple(p.replace(gpu_uuid=uuid) for p in gpu.processes if p.pid in pids),
                 )
             )
@@ -122,18 +119,3 @@ def as_slice(
         mig_profile=profile,
         parent_uuid=parent.uuid,
     )
-
-
-def _text(value: Optional[str]) -> Optional[str]:
-    value = (value or "").strip()
-    return value if value and value != "N/A" else None
-
-
-def _int(value: Optional[str]) -> Optional[int]:
-    text = _text(value)
-    return int(text) if text is not None and text.isdigit() else None
-
-
-def _mib(value: Optional[str]) -> Optional[int]:
-    m = _MIB.match(value or "")
-    return int(m.group(1)) if m else None

@@ -43,14 +43,14 @@ def inventory_from_xml(
     its slices, named by ``listing`` (``nvidia-smi -L``): ``probe.mig``."""
     try:
         gpus, driver = parse_query_xml(text, node)
+        gpus = [
+            g.replace(processes=tuple(p.replace(user=user_of(p.pid)) for p in g.processes))
+            for g in gpus
+        ]
+        if needs_listing(gpus):  # a second read of the XML, on MIG nodes only
+            gpus = slices_from_xml(gpus, text, parse_listed_slices(listing or ""))
     except ValueError as exc:
         raise ProbeError(f"unexpected nvidia-smi output: {exc}") from exc
-    gpus = [
-        g.replace(processes=tuple(p.replace(user=user_of(p.pid)) for p in g.processes))
-        for g in gpus
-    ]
-    if needs_listing(gpus):
-        gpus = slices_from_xml(gpus, text, parse_listed_slices(listing or ""))
     return NodeInventory(node=node, gpus=tuple(gpus), source="nvidia-smi", driver_version=driver)
 
 
