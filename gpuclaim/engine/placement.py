@@ -161,10 +161,10 @@ def _never_fits(
     """Too many GPUs for any node; or, with MIG slices about, the kind that is there."""
     profiles = profiles_on([r for n in nodes for r in view.gpus_of(n)])
     if req.mig is not None and most == 0:
-        where = f"{req.node} has" if req.node else "no node has"
+        where = req.node or "any node"
         have = f" (there are {', '.join(profiles)})" if profiles else ""
         what = "MIG slices" if req.mig == "any" else f"MIG slices of {req.mig}"
-        return NeverFitsError(f"{where} no {what}{have}", hint="see 'gpuclaim status'")
+        return NeverFitsError(f"no {what} on {where}{have}", hint="see 'gpuclaim status'")
     if req.mig is None and most == 0 and profiles:
         where = req.node or "the nodes"
         return NeverFitsError(
