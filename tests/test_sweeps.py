@@ -343,6 +343,13 @@ def test_an_array_posts_once_when_it_starts_and_once_when_it_ends(make_cluster):
 
 def test_export_sbatch_of_an_array_a_sweep_and_a_dependency(make_cluster, tmp_path):
     c = make_cluster({"node01": 2}, fast=True)
+    # grid's tasks last until the test is done: ended (failed) before merge was asked for,
+    # merge's --after grid would rightly be refused (a loaded CI machine got there)
+    gate = tmp_path / "done"
+    (c.home / "train.py").write_text(
+        f"import pathlib, time\nfor _ in range(600):\n    if pathlib.Path({str(gate)!r}).exists():"
+        "\n        break\n    time.sleep(0.1)\n"
+    )
     c.ok("run", "--array", "0-3%2", "--name", "grid", "--", "python3", "train.py", "--x")
     sweep = tmp_path / "lrs.txt"
     sweep.write_text("--lr 0.1 --tag 'a b'\n--lr 0.01 --tag $HOME\n")
@@ -389,3 +396,4 @@ def test_export_sbatch_of_an_array_a_sweep_and_a_dependency(make_cluster, tmp_pa
         text=True,
     )
     assert got.stdout.splitlines() == ["0.01", "--tag", "$HOME"], got.stderr
+    gate.touch()  # grid's tasks may end now
