@@ -381,6 +381,18 @@ def test_rebooted_node_leaves_a_stale_claim_that_is_reclaimable(jobs_cluster):
     assert claim["user"] == "bob"
 
 
+def test_a_job_whose_tmux_session_is_killed_by_hand_says_so(jobs_cluster):
+    # someone on the node ends the session with tmux: killed, and not "by gpuclaim kill"
+    c = jobs_cluster
+    job = c.json("run", "-n", "1", "--node", "node02", "--name", "byhand", "--", "sleep", "300")
+    _wait_state(c, "byhand", {"running"})
+    gone = c.testbed.ssh("node02", f"tmux kill-session -t ={job['session']}")
+    assert gone.returncode == 0, gone.stderr
+    done = _wait_state(c, "byhand", {"killed"}, timeout=20)
+    assert done["reason"] == "its tmux session went away (SIGHUP)", done
+    assert all(r["state"] == "free" for r in c.status() if r["node"] == "node02")
+
+
 def test_a_look_at_a_rebooted_node_sees_the_job_lost_at_once(testbed, make_remote):
     # Heartbeats every 60 s would need 3 min to notice; a node that answers can tell now.
     c = make_remote(testbed, kill_grace="2s", heartbeat="60s")

@@ -172,21 +172,7 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     reason = _esc(event.reason or "")
     where = f"{node} GPU {','.join(map(str, event.gpus))}" if node else ""
     if event.type == EventType.JOB_END:
-        state = extra.get("state", "ended")
-        icon = _end_icon(state)
-        duration = (event.ts - event.since) if event.since else 0.0
-        gpus = int(extra.get("gpus_total") or len(event.gpus) or 1)
-        text = f"{icon} {who}'s job *{extra.get('job')}* {state}"
-        if extra.get("exit_code") is not None and state != JobState.SUCCEEDED:
-            text += f" (exit code {extra['exit_code']})"
-        if reason.startswith("gave up"):  # a service that kept dying: why it stays down
-            text += f": {reason}"
-        details = f"{where} · {format_duration(duration)} · {gpus * duration / 3600:.2f} GPU-h"
-        tail = extra.get("log_tail")
-        blocks = [_section(text), _context(details)]
-        if tail:
-            blocks.append(_section(f"```{tail[-1500:]}```"))
-        return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
+        return _job_end_message(event, extra, who, reason, where)
     if event.type == EventType.ARRAY_END:
         return _array_end_message(event, extra, who)
     if event.type == EventType.ARRAY_START:
@@ -242,6 +228,29 @@ def render_message(event: Event, slack: SlackConfig) -> dict[str, Any]:
     else:
         text = f"{_esc(event.type)}: {who} {where}"
     return {"text": _plain(text), "blocks": [_section(text)]}
+
+
+def _job_end_message(
+    event: Event, extra: dict[str, Any], who: str, reason: str, where: str
+) -> dict[str, Any]:
+    """A job's end: its state and exit code, why where that is news, time and GPU-hours."""
+    state = extra.get("state", "ended")
+    icon = _end_icon(state)
+    duration = (event.ts - event.since) if event.since else 0.0
+    gpus = int(extra.get("gpus_total") or len(event.gpus) or 1)
+    text = f"{icon} {who}'s job *{extra.get('job')}* {state}"
+    if extra.get("exit_code") is not None and state != JobState.SUCCEEDED:
+        text += f" (exit code {extra['exit_code']})"
+    if reason.startswith("gave up"):  # a service that kept dying: why it stays down
+        text += f": {reason}"
+    elif state == JobState.KILLED and reason not in ("", "kill", JobState.KILLED.value):
+        text += f": {reason}"  # not a `gpuclaim kill`: its share, a signal from outside
+    details = f"{where} · {format_duration(duration)} · {gpus * duration / 3600:.2f} GPU-h"
+    tail = extra.get("log_tail")
+    blocks = [_section(text), _context(details)]
+    if tail:
+        blocks.append(_section(f"```{tail[-1500:]}```"))
+    return {"text": f"{_plain(text)} - {details}", "blocks": blocks}
 
 
 def _over_share_text(extra: dict[str, Any], who: str, where: str) -> str:

@@ -175,8 +175,7 @@ class ChildRun(RankRecord):
             by = self.job.preempted_by or "someone"
             return self._finish(JobState.PREEMPTED, exit_code, f"yielded its GPUs to {by}")
         if self.stop_reason is not None:
-            reason = self.job.stop_requested or JobState.KILLED.value
-            return self._finish(JobState.KILLED, exit_code, reason)
+            return self._finish(JobState.KILLED, exit_code, self.kill_reason())
         if code == 0:
             return self._finish(JobState.SUCCEEDED, 0, "")
         return self._finish(JobState.FAILED, exit_code, f"exit status {exit_code}")

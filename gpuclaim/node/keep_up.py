@@ -146,7 +146,7 @@ def keep_up(w: ChildRun, argv: list[str], env: dict[str, str], log: Any, deadlin
         _record(w, health=ServiceHealth.RESTARTING, restarts=restarts)
         if not _wait(w, backoff, deadline):
             _record(w, health=None)
-            reason = w.job.stop_requested or JobState.KILLED.value
+            reason = w.kill_reason()
             state = JobState.TIMEOUT if w.stop_reason == JobState.TIMEOUT else JobState.KILLED
             return w._finish(state, None, reason)
         running = w._start_child(argv, env, log) is None

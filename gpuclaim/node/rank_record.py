@@ -7,6 +7,7 @@ this node once its GPUs are free. Standard library only, Python 3.9.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -22,6 +23,13 @@ from gpuclaim.core.states import JobState
 if TYPE_CHECKING:
     from gpuclaim.core.inventory import Gpu
     from gpuclaim.core.protocol import KeeperSpec, WrapperSpec
+
+
+# what a run stopped by a signal from outside gpuclaim says it ended of (not a `gpuclaim kill`)
+HANGUP_REASONS: dict[int, str] = {
+    int(signal.SIGHUP): "its tmux session went away (SIGHUP)",
+    int(signal.SIGTERM): "SIGTERM from outside gpuclaim",
+}
 
 
 class RankRecord:
@@ -41,6 +49,7 @@ class RankRecord:
         self.sample_s = float(spec["sample_s"])
         self.log_path = Path(spec["log"])
         self.stop_reason: Optional[JobState] = None  # killed or timeout: how it ends
+        self.hangup = 0  # the signal from outside that stopped it (SIGHUP, SIGTERM), if one
         self.extended_s = 0.0  # time added to its limit by `extend` since it started
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.interactive = self.job.kind == JobKind.SHELL
@@ -140,6 +149,21 @@ class RankRecord:
                 preempted_by=current.preempted_by,
                 preempt_deadline=current.preempt_deadline,
             )
+
+    def kill_reason(self) -> str:
+        """Why a killed run was stopped: the request it read (kill, idle policy, its share),
+        one it had not read yet when its session was killed, or the signal from outside."""
+        if self.job.stop_requested:
+            return self.job.stop_requested
+        try:
+            current = self.store.load_job(self.job.id)
+        except GpuclaimError:
+            current = None
+        if current is not None and current.stop_requested:
+            return current.stop_requested
+        if self.hangup:
+            return HANGUP_REASONS.get(self.hangup, f"signal {self.hangup} from outside gpuclaim")
+        return JobState.KILLED.value
 
     def _record_start(self, started: float) -> None:
         from gpuclaim.core.model import iso

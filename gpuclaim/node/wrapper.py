@@ -79,8 +79,10 @@ class Wrapper(ChildRun):
         return why
 
     def _on_hangup(self, signum: int, frame: Any) -> None:
-        # The tmux session or server went away: stop the job rather than leave it unmanaged.
+        # The tmux session or server went away: stop the job rather than leave it unmanaged
+        # (its record says why: ``kill_reason``).
         self.stop_reason = self.stop_reason or JobState.KILLED
+        self.hangup = self.hangup or signum
 
     def _environment(self) -> tuple[dict[str, str], Optional[str]]:
         try:

@@ -137,6 +137,19 @@ def test_a_job_end_in_a_newer_state_or_none_gets_the_plain_bullet() -> None:
         assert text == f"• ann's job *train* {said}"
 
 
+def test_a_job_killed_from_outside_says_why_and_a_gpuclaim_kill_does_not() -> None:
+    from dataclasses import replace
+
+    def text(reason: str) -> str:
+        event = replace(_end_event("killed", exit_code=143), reason=reason)
+        return str(render_message(event, SlackConfig())["blocks"][0]["text"]["text"])
+
+    assert text("kill") == "🛑 ann's job *train* killed (exit code 143)"
+    assert text("killed") == text("kill") == text("")
+    said = text("its tmux session went away (SIGHUP)")
+    assert said == text("kill") + ": its tmux session went away (SIGHUP)"
+
+
 def _end_event(state: str | None, exit_code: int | None) -> Event:
     extra = {"job": "train", "exit_code": exit_code, "gpus_total": 1}
     if state is not None:
