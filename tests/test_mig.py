@@ -158,3 +158,23 @@ def test_a_job_sees_its_slices_mig_uuid_and_queues_for_a_busy_profile(mig_smi):
     assert bad.returncode == 2 and "--mig wants a MIG profile" in bad.stderr, bad.stderr
     both = c.cli("run", "--mig", "1g.10gb", "--gpu", "node01:0/2", "--", "true")
     assert both.returncode == 2, both.stderr
+
+
+def test_export_slurm_writes_slices_as_autodetect_nvml_types_them(mig_smi, tmp_path):
+    c = mig_smi
+    job = c.json("run", "--mig", "2g.20gb", "--name", "m1", "--", "python3", "-c", PRINT)
+    _until(c, "m1", {"succeeded"})
+    out = tmp_path / "slurm"
+    c.ok("export", "slurm", "--out", str(out))
+    conf = (out / "slurm.conf").read_text()
+    node = next(line for line in conf.splitlines() if line.startswith("NodeName="))
+    # the slices by profile, the whole GPU 1 by its model; GPU 0 itself is no GRES
+    assert "Gres=gpu:3g.40gb:1,gpu:2g.20gb:1,gpu:1g.10gb:2,gpu:h100:1 " in node, node
+    gres = (out / "gres.conf").read_text()
+    files = [line for line in gres.splitlines() if "File=" in line and not line.startswith("#")]
+    assert len(files) == 1 and "Type=h100 File=/dev/nvidia1" in files[0], gres
+    assert "MIG slices (1 3g.40gb, 1 2g.20gb, 2 1g.10gb)" in gres
+    assert "## MIG slices" in (out / "MIGRATION.md").read_text()
+    script = c.ok("export", "sbatch", "m1")
+    assert "#SBATCH --gres=gpu:2g.20gb:1" in script, script
+    assert job["state"] in ("starting", "running", "succeeded")

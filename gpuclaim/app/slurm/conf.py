@@ -211,12 +211,13 @@ def render_gres_conf(nodes: Sequence[NodeSpec], shards_per_gpu: int = 0) -> str:
     entries = []
     for n in nodes:
         lines = []
-        for t, slots in n.gpus_by_type().items():
+        whole = n.gpus_by_type(whole=True)
+        for t, slots in whole.items():
             typed = f" Type={t}" if t else ""
             files = _device_files(sorted(s.minor for s in slots))
             lines.append(f"Name=gpu{typed} File={files}")
         if lines and shards_per_gpu:
-            for t, slots in n.gpus_by_type().items():
+            for t, slots in whole.items():
                 typed = f" Type={t}" if t else ""
                 files = _device_files(sorted(x.minor for x in slots))
                 lines.append(f"Name=shard{typed} Count={shards_per_gpu * len(slots)} File={files}")
@@ -225,12 +226,25 @@ def render_gres_conf(nodes: Sequence[NodeSpec], shards_per_gpu: int = 0) -> str:
     for names, block in compress(entries):
         out.extend(f"NodeName={names} {line}" for line in block.splitlines())
     for n in nodes:
-        if any(s.mig for s in n.gpus):
-            out.append(
-                f"# {n.slurm_name} has GPUs in MIG mode: NVML then reports MIG instances, not"
-                " whole GPUs. Disable MIG, or see https://slurm.schedmd.com/gres.html#MIG_Management"
-            )
+        out.extend(_mig_notes(n))
     return "\n".join(out) + "\n"
+
+
+def _mig_notes(n: NodeSpec) -> list[str]:
+    """A node's MIG slices: AutoDetect=nvml finds them (each slice's device files are
+    /dev/nvidia-caps entries made when the slice is), so gres.conf says what it will find."""
+    if not n.slices:
+        return []
+    by_type: dict[str, int] = {}
+    for g in n.slices:
+        by_type[g.type] = by_type.get(g.type, 0) + 1
+    found = ", ".join(f"{count} {t or 'untyped'}" for t, count in by_type.items())
+    return [
+        f"# {n.slurm_name}: MIG slices ({comment(found)}), GRES of their own that slurmd finds",
+        "# with AutoDetect=nvml only: that needs a slurmd built with NVML (Debian's is not), and",
+        "# the slices made before slurmd starts (it stops if MIG is on with none). Check with",
+        f"# `slurmd -G` on {n.slurm_name}; see https://slurm.schedmd.com/gres.html#MIG_Management",
+    ]
 
 
 def render_cgroup_conf() -> str:
@@ -258,7 +272,7 @@ def _node_line(n: NodeSpec, shards_per_gpu: int = 0) -> str:
         parts.append(f"RealMemory={n.real_memory_mib}")
     gres = [f"gpu:{t}:{len(s)}" if t else f"gpu:{len(s)}" for t, s in n.gpus_by_type().items()]
     if gres and shards_per_gpu:  # run --gpu-mem's parts of a GPU: slurmd types them as its GPUs
-        for t, slots in n.gpus_by_type().items():
+        for t, slots in n.gpus_by_type(whole=True).items():
             count = shards_per_gpu * len(slots)
             gres.append(f"shard:{t}:{count}" if t else f"shard:{count}")
     if gres:

@@ -1,7 +1,7 @@
 """GPU type names: the short ``Type=`` a GPU gets in slurm.conf and gres.conf (``h100``,
-``l40s``, ``rtx_4090``), chosen so that slurmd's AutoDetect=nvml accepts it, and the name
-AutoDetect=nvml itself reports for a product name. Pure string work, shared by the node
-descriptions and every renderer.
+``l40s``, ``rtx_4090``), chosen so that slurmd's AutoDetect=nvml accepts it, the name
+AutoDetect=nvml itself reports for a product name, and the type of a MIG slice (``3g.40gb``).
+Pure string work, shared by the node descriptions and every renderer.
 """
 
 from __future__ import annotations
@@ -38,6 +38,31 @@ _SPEC_SUFFIX = re.compile(r"[-_](?:\d+gb|pcie|sxm\d*|nvl|hbm\w*|laptop|mig|\(.*)
 def autodetect_type(product_name: str) -> str:
     """The GPU type slurmd's AutoDetect=nvml reports for this product name."""
     return product_name.lower().replace(" ", "_")
+
+
+_MIG_PROFILE = re.compile(r"^(?:\d+c\.)?(?P<slices>\d+)g\.(?P<gb>\d+)gb")
+
+
+def mig_autodetect_type(product_name: str, slices: int, memory_mib: int) -> str:
+    """The type AutoDetect=nvml gives a MIG slice: its GPU's name up to the first "-", then
+    ``_<slices>g.<GiB>gb`` with its memory rounded to whole GiB (slurm's gpu_nvml.c), as
+    ``nvidia_a100_3g.20gb`` or ``nvidia_h100_80gb_hbm3_3g.40gb``."""
+    gib = int(memory_mib / 1024 + 0.5)  # C's roundl: halves away from zero
+    return autodetect_type(product_name.strip().split("-", 1)[0]) + f"_{slices}g.{gib}gb"
+
+
+def mig_type_name(product_name: str, profile: str, memory_mib: int = 0) -> str:
+    """A MIG slice's type for slurm.conf and gres.conf: the ``<slices>g.<GiB>gb`` end of what
+    AutoDetect=nvml names it (a substring of that name, as a Type must be), which is
+    ``--mig``'s profile wherever the memory rounds to the profile's GiB (``3g.40gb``). ""
+    for a profile that does not parse."""
+    m = _MIG_PROFILE.match(profile.strip().lower())
+    if m is None:
+        return ""
+    slices = int(m["slices"])
+    if not memory_mib:
+        return f"{slices}g.{int(m['gb'])}gb"
+    return mig_autodetect_type(product_name, slices, memory_mib).rsplit("_", 1)[-1]
 
 
 def slurm_type_name(product_name: str) -> str:

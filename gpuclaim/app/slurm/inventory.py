@@ -34,7 +34,21 @@ def node_spec(
         if minor is None and g.pci_bus_id:
             minor = minors.get(normalize_bus_id(g.pci_bus_id))
         minor = g.index if minor is None else minor
-        slots.append(GpuSlot(g.index, g.name, minor, bool(g.mig_mode), g.uuid))
+        if g.mig is None:
+            slots.append(GpuSlot(g.index, g.name, minor, uuid=g.uuid))
+            continue
+        parent = minors.get(g.parent_uuid or "")  # a slice's device file is its GPU's
+        slots.append(
+            GpuSlot(
+                g.index,
+                g.name,
+                minor if parent is None else parent,
+                mig=True,
+                uuid=g.uuid,
+                mig_profile=g.mig_profile or "",
+                memory_mib=g.memory_total_mib or 0,
+            )
+        )
     return NodeSpec(
         name=name,
         hostname=str(hardware["hostname"] or ""),

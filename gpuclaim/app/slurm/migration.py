@@ -56,6 +56,7 @@ def render_migration_md(nodes: Sequence[NodeSpec], opts: ExportOptions, bookings
     )
     preemptible = migration_section(accounting, opts) if gpu_parts else ""
     shares = _shares_paragraph(opts) if gpu_parts else ""
+    shares += _mig_paragraph(nodes)
     return f"""# Moving {comment(opts.cluster)} from gpuclaim to SLURM
 
 SLURM does what gpuclaim did by agreement, and enforces it: you ask for GPUs, your job waits
@@ -188,6 +189,35 @@ job from using more memory than its part, so keep the same habits (or preload HA
 a job's environment). CUDA MPS (`gres/mps`, with a percentage of the GPU) isolates better
 but serves one Unix user per GPU at a time: other users' jobs wait. A GPU's shards and the
 GPU itself are not handed out at once: a whole-GPU job waits for its shards to end.
+
+"""
+
+
+def _mig_paragraph(nodes: Sequence[NodeSpec]) -> str:
+    """MIG slices: GRES of their own, typed by profile, found by AutoDetect=nvml alone."""
+    found: dict[str, list[str]] = {}
+    for n in nodes:
+        for g in n.slices:
+            where = found.setdefault(g.type or "untyped", [])
+            if n.slurm_name not in where:
+                where.append(n.slurm_name)
+    if not found:
+        return ""
+    rows = "\n".join(f"| `{t}` | {hostlist(where)} |" for t, where in found.items())
+    first = next(iter(found))
+    return f"""## MIG slices
+
+A slice is a GPU of its own in SLURM too, its type the slice's profile: `gpuclaim run --mig
+{first}` becomes `--gres=gpu:{first}:1`, and SLURM sets CUDA_VISIBLE_DEVICES to the slice as
+gpuclaim did. `export sbatch` writes past `--mig` jobs so.
+
+| slice type | nodes |
+|---|---|
+{rows}
+
+slurmd finds slices only through NVML (gres.conf's AutoDetect=nvml): these nodes need a
+slurmd built with NVML (Debian 12's is not), and their slices made before slurmd starts.
+`slurmd -G` on a node prints what it found; the types above must be among them.
 
 """
 

@@ -255,8 +255,11 @@ def job_gpu_type(nodes: Sequence[NodeSpec], job: Job) -> str:
     used = {u for r in job.ranks for u in r.gpu_uuids}
     on = {r.node for r in job.ranks} or ({job.node} if job.node else set())
     types = {g.type for n in nodes for g in n.gpus if g.uuid in used}
+    mine = [g for n in nodes if not on or n.name in on for g in n.gpus]
+    if not types and job.mig:  # run --mig PROFILE: slices of that profile, as slurmd types them
+        types = {g.type for g in mine if g.mig and g.mig_profile == job.mig} or {job.mig}
     if not types:
-        types = {g.type for n in nodes if not on or n.name in on for g in n.gpus}
+        types = {g.type for g in mine if not g.mig}
     return types.pop() if len(types) == 1 else ""
 
 

@@ -12,23 +12,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from gpuclaim.app.slurm.gputypes import slurm_type_name
+from gpuclaim.app.slurm.gputypes import mig_type_name, slurm_type_name
 from gpuclaim.app.slurm.syntax import conf_word
 from gpuclaim.core.errors import ConfigError, UsageError
 
 
 @dataclass(frozen=True)
 class GpuSlot:
-    """One GPU as SLURM sees it: its model and its device file, /dev/nvidia<minor>."""
+    """One GPU as SLURM sees it: its model and its device file, /dev/nvidia<minor>; or one
+    MIG slice of a GPU (``mig_profile`` set), which SLURM finds only through NVML."""
 
     index: int
     name: str
     minor: int
-    mig: bool = False
+    mig: bool = False  # a MIG slice (its GPU, in MIG mode, is never a GRES of its own)
     uuid: str = ""
+    mig_profile: str = ""  # a slice: its profile as nvidia-smi -L names it, "3g.40gb"
+    memory_mib: int = 0  # a slice: its memory, from which slurmd names its type
 
     @property
     def type(self) -> str:
+        """Its GRES type: the model's (``h100``), or a slice's profile (``3g.40gb``)."""
+        if self.mig:
+            return mig_type_name(self.name, self.mig_profile, self.memory_mib)
+        return slurm_type_name(self.name)
+
+    @property
+    def model(self) -> str:
+        """Its GPU's model as a type (``h100``), a slice's too: what partitions go by."""
         return slurm_type_name(self.name)
 
 
@@ -62,11 +73,24 @@ class NodeSpec:
             return None
         return addr
 
-    def gpus_by_type(self) -> dict[str, list[GpuSlot]]:
+    def gpus_by_type(self, whole: bool = False) -> dict[str, list[GpuSlot]]:
+        """Its GRES by type (slices by profile); ``whole``: only GPUs that are not slices."""
         by_type: dict[str, list[GpuSlot]] = {}
         for g in sorted(self.gpus, key=lambda g: g.index):
-            by_type.setdefault(g.type, []).append(g)
+            if not (whole and g.mig):
+                by_type.setdefault(g.type, []).append(g)
         return by_type
+
+    def gpus_by_model(self) -> dict[str, list[GpuSlot]]:
+        """Its GRES by their GPU's model: a MIG GPU's slices under its model, for partitions."""
+        by_model: dict[str, list[GpuSlot]] = {}
+        for g in sorted(self.gpus, key=lambda g: g.index):
+            by_model.setdefault(g.model, []).append(g)
+        return by_model
+
+    @property
+    def slices(self) -> tuple[GpuSlot, ...]:
+        return tuple(g for g in self.gpus if g.mig)
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -154,16 +178,16 @@ def plan_partitions(nodes: Sequence[NodeSpec]) -> list[Partition]:
     CPU-only nodes in ``cpu``. The partition with the most GPUs is the default."""
     types: list[str] = []
     for n in nodes:
-        types.extend(t for t in n.gpus_by_type() if t not in types)
+        types.extend(t for t in n.gpus_by_model() if t not in types)
     groups: list[tuple[str, Optional[str], list[NodeSpec]]] = []
     for t in types:
         name = "gpu" if len(types) == 1 or not t else _partition_name(t)
-        groups.append((name, t, [n for n in nodes if t in n.gpus_by_type()]))
+        groups.append((name, t, [n for n in nodes if t in n.gpus_by_model()]))
     cpu_only = [n for n in nodes if not n.gpus]
     if cpu_only:
         groups.append(("cpu", None, cpu_only))
     sizes = [
-        sum(len(n.gpus_by_type().get(t, [])) for n in members) if t is not None else 0
+        sum(len(n.gpus_by_model().get(t, [])) for n in members) if t is not None else 0
         for _, t, members in groups
     ]
     default = sizes.index(max(sizes)) if sizes else -1
@@ -189,8 +213,11 @@ def plan_partitions(nodes: Sequence[NodeSpec]) -> list[Partition]:
 
 def partition_for(nodes: Sequence[NodeSpec], node: Optional[str], gpu_type: str) -> Optional[str]:
     """The partition an sbatch script for ``gpu_type`` (on ``node``, if known) should ask for."""
+    # a slice's type (3g.40gb) is found in the partition of its GPU's model
+    models = {g.model for n in nodes for g in n.gpus if g.mig and g.type == gpu_type}
     for p in plan_partitions(nodes):
-        if p.gpu_type == gpu_type and (node is None or _slurm_name(nodes, node) in p.nodes):
+        ours = p.gpu_type == gpu_type or p.gpu_type in models
+        if ours and (node is None or _slurm_name(nodes, node) in p.nodes):
             return p.name
     return None
 
