@@ -189,6 +189,11 @@ class SimCluster(CliDriver):
     def __post_init__(self) -> None:
         self.home = self.root / "home"
         self.home.mkdir(parents=True, exist_ok=True)
+        # its "nodes" are this machine: a tmux server of its own, as each testbed node has,
+        # or two tests' jobs of one name (gc-alice-api) would be one session: one test's
+        # kill stopped the other's service (a crash-looping service ended "killed")
+        self.tmux_dir = self.root / "tmux"
+        self.tmux_dir.mkdir(mode=0o700, exist_ok=True)
         self.state_path = self.root / "gpus.json"
         self.storage = self.root / "store"
         self.storage.mkdir(mode=0o2775)  # as an admin makes a store's directory
@@ -221,6 +226,16 @@ class SimCluster(CliDriver):
 
     def node_env(self, node: str) -> dict[str, str]:
         return {"GPUCLAIM_NODE": node, "GPUCLAIM_SIM_STATE": str(self.state_path)}
+
+    def env(self, user: str = "alice", **extra: str) -> dict[str, str]:
+        return super().env(user, **{"TMUX_TMPDIR": str(self.tmux_dir), **extra})
+
+    def stop_tmux(self) -> None:
+        """End this cluster's own tmux server (its jobs' sessions), by its socket."""
+        tmux = shutil.which("tmux")
+        for sock in self.tmux_dir.glob("tmux-*/*"):
+            if tmux is not None and sock.is_socket():
+                subprocess.run([tmux, "-S", str(sock), "kill-server"], capture_output=True)
 
     def write_config(self, **overrides: Any) -> None:
         if self.fast:
@@ -263,6 +278,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
 
     yield make
     for cluster in made:  # a queue keeper left waiting on a local node stops with its store
+        cluster.stop_tmux()
         shutil.rmtree(cluster.storage, ignore_errors=True)
 
 
