@@ -253,14 +253,14 @@ def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c, tmp_path):
     for each in (follower, watcher):
         _wait_printed(each, "two")
     watcher.send_signal(signal.SIGINT)  # Ctrl-C stops following, not the job
-    _, said = watcher.communicate(timeout=60)  # what it says, not how fast (a loaded CI: >30 s)
+    said = _ended(watcher, 60)  # what it says, not how fast (a loaded CI: >30 s)
     assert watcher.returncode == 130, said
     assert said.strip().splitlines()[-1] == (
         "gpuclaim: stopped following; job victim goes on (gpuclaim kill victim stops it)"
     )
     assert _job(c, "victim")["state"] == "running"
     c.ok("kill", "victim")
-    _, said = follower.communicate(timeout=30)
+    said = _ended(follower, 30)
     assert follower.returncode == 143, said  # 128 + SIGTERM, as a shell says it
     assert said.splitlines()[-1].startswith("gpuclaim: job victim was killed (exit code 143)")
 
@@ -278,7 +278,7 @@ def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c, tmp_path):
     assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
     c.testbed.ssh("node01", "tmux kill-server")
     t0 = time.monotonic()
-    _, said = follower.communicate(timeout=60)
+    said = _ended(follower, 60)
     assert follower.returncode == 255, said
     assert "was lost: its node, tmux or wrapper went away (exit code 255)" in said
     assert time.monotonic() - t0 < 15  # three missed heartbeats of 1 s, and a look every 5 s
@@ -287,12 +287,23 @@ def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c, tmp_path):
 def _follow_in_background(c, name):
     return subprocess.Popen(
         [sys.executable, "-m", "gpuclaim", "logs", name, "-f"],
-        env=c.env(),
+        env={**c.env(), "PYTHONFAULTHANDLER": "1"},  # SIGABRT: where each thread is
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _ended(proc, timeout: float) -> str:
+    """``proc``'s stderr once it ended; one that hangs is aborted, and the test fails with
+    where each of its threads was (Python's faulthandler prints them)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        stuck = proc.communicate(timeout=10)[1]
+        raise AssertionError(f"still running after {timeout:g}s:\n{stuck[-6000:]}") from None
 
 
 def _wait_printed(follower, text: str, timeout: float = 20.0) -> None:

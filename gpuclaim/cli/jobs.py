@@ -62,6 +62,8 @@ def run(
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
     mig: flags.Mig = None,
+    ray: flags.Ray = False,
+    ray_cpus: flags.RayCpus = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:

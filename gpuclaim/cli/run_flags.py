@@ -195,6 +195,17 @@ Mig = Annotated[
         help="MIG slices of this profile (3g.40gb; any: any slice) instead of whole GPUs.",
     ),
 ]
+Ray = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Start a Ray cluster on the job's GPUs (head on rank 0), run the command on it.",
+    ),
+]
+RayCpus = Annotated[
+    Optional[int],
+    typer.Option("--ray-cpus", metavar="N", help="CPUs each Ray node offers (default: Ray's)."),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the job as JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -234,6 +245,8 @@ class RunFlags:
     gpu_mem: Optional[str] = None
     gpu_share: Optional[str] = None
     mig: Optional[str] = None
+    ray: bool = False
+    ray_cpus: Optional[int] = None
     as_json: bool = False
     quiet: bool = False
 
@@ -265,12 +278,21 @@ class RunFlags:
         if self.mig is not None and self.gpu is not None:
             raise UsageError("--gpu names the GPUs (a slice: NODE:0/1): not with --mig")
         mem, part = share_asked(self.gpu_mem, self.gpu_share)
+        self._check_ray(bool(mem or part))
         if mem or part:
             from gpuclaim.core.share_policy import checked_share
 
             checked_share(mem, part, self.count or 1, self.nodes or 1)
             if self.reservation:
                 raise UsageError("--gpu-mem/--gpu-share hold part of a GPU: not with --reservation")
+
+    def _check_ray(self, shared: bool) -> None:
+        if self.ray_cpus is not None and not self.ray:
+            raise UsageError("--ray-cpus is for --ray jobs")
+        if self.ray_cpus is not None and self.ray_cpus < 1:
+            raise UsageError(f"--ray-cpus wants a number of CPUs of 1 or more, not {self.ray_cpus}")
+        if self.ray and shared:
+            raise UsageError("--ray gives Ray whole GPUs: not with --gpu-mem/--gpu-share")
 
     def _check_gpu(self) -> None:
         """``--gpu`` names the GPUs itself: a count or a node beside it must agree, and it
@@ -341,6 +363,8 @@ def run_request(st: AppState, flags: RunFlags, project: ProjectDefaults, here: P
         gpu_mem_mib=mem,
         gpu_share=part,
         mig=mig_asked(flags.mig),
+        ray=flags.ray,
+        ray_cpus=flags.ray_cpus,
     )
 
 

@@ -185,6 +185,10 @@ class Job:
     gpu_mem_mib: int = 0
     gpu_share: float = 0.0
     mig: Optional[str] = None  # run --mig PROFILE: on MIG slices of that profile
+    # run --ray: a Ray cluster over its ranks for the command (node/ray_node.py)
+    ray: bool = False
+    ray_cpus: Optional[int] = None  # run --ray-cpus: CPUs each Ray node offers (None: Ray's)
+    ray_head: Optional[dict[str, Any]] = None  # its head, once up: address, dashboard, node
 
     @property
     def shared(self) -> bool:
@@ -269,6 +273,9 @@ class Job:
             "gpu_mem_mib": self.gpu_mem_mib,
             "gpu_share": self.gpu_share,
             "mig": self.mig,
+            "ray": self.ray,
+            "ray_cpus": self.ray_cpus,
+            "ray_head": self.ray_head,
         }
 
     @classmethod
@@ -330,6 +337,9 @@ class Job:
             gpu_mem_mib=int(d.get("gpu_mem_mib") or 0),
             gpu_share=float(d.get("gpu_share") or 0.0),
             mig=str(d["mig"]) if d.get("mig") else None,
+            ray=bool(d.get("ray", False)),
+            ray_cpus=opt_int(d.get("ray_cpus")),
+            ray_head=d["ray_head"] if isinstance(d.get("ray_head"), dict) else None,
         )
 
 

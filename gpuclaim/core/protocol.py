@@ -34,6 +34,7 @@ OpName = Literal[
     "pull_source",
     "prune_copies",
     "ping",
+    "ray_check",
 ]
 
 # -- the specs: what a node keeps to run a rank (``engine.launch.rank_spec``) or a keeper ----
@@ -87,6 +88,7 @@ class RankSpec(TypedDict):
     gang: GangEnv
     placed: PlacedSpec
     revived: str  # a service started again after its node rebooted: why it was down; else ""
+    ray_token: str  # run --ray: the job's Ray cluster's token (RAY_AUTH_TOKEN); else ""
 
 
 class WrapperSpec(RankSpec):
@@ -315,6 +317,18 @@ class PingResponse(TypedDict):
     time: float
 
 
+class RayCheckRequest(TypedDict):
+    """A ``run --ray`` job's environment: is Ray there, before anything is claimed?"""
+
+    workenv: WorkEnvSpec
+    workdir: Optional[str]  # the job's (asked, or where run was typed), else the home
+
+
+class RayCheckResponse(TypedDict):
+    version: Optional[str]  # Ray's version in that environment; None: not there
+    problem: str  # why not, in words ("" when it is)
+
+
 # -- each op with its pair, for typed calls (``engine.channel.ask``) -------------------------
 
 Req = TypeVar("Req", bound=Mapping[str, object])
@@ -345,3 +359,4 @@ SYNC_READY: Op[SyncReadyRequest, SyncReadyResponse] = Op("sync_ready")
 PULL_SOURCE: Op[PullSourceRequest, PullSourceResponse] = Op("pull_source")
 PRUNE_COPIES: Op[PruneCopiesRequest, PruneCopiesResponse] = Op("prune_copies")
 PING: Op[PingRequest, PingResponse] = Op("ping")
+RAY_CHECK: Op[RayCheckRequest, RayCheckResponse] = Op("ray_check")

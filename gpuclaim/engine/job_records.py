@@ -28,6 +28,9 @@ ARCHIVE_AFTER_S = 86400.0  # a finished job leaves jobs/ a day after its end: by
 ARCHIVE_BATCH = 200  # readers move old records only this many at a time (gc: any number)
 
 
+RAY_HEAD_ENDED = "its Ray head ended"  # run --ray: why a job's other ranks were stopped
+
+
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:10]
 
@@ -128,6 +131,9 @@ def finish_rank(
         and not current.stop_requested
     ):
         store.update_job(job_id=job.id, changes={"stop_requested": f"rank {rank} {state}"})
+    elif current.ray and rank == 0 and len(current.ranks) > 1 and not current.stop_requested:
+        # run --ray: the command ran on rank 0; the Ray nodes of the others stop with it
+        store.update_job(job_id=job.id, changes={"stop_requested": RAY_HEAD_ENDED})
     if any(r.state not in FINAL_STATES for r in current.ranks):
         return None
     final_state, final_code = _job_outcome(current)
@@ -197,6 +203,9 @@ def _job_outcome(job: Job) -> tuple[JobState, Optional[int]]:
         return JobState.KILLED, by_state.get(JobState.KILLED)
     if job.stop_requested == "preempt":  # engine.preempt's request: every rank yielded
         return JobState.PREEMPTED, by_state.get(JobState.PREEMPTED)
+    if job.stop_requested == RAY_HEAD_ENDED:  # the others were stopped for it: rank 0's end
+        head = job.ranks[0]
+        return JobState(head.state), head.exit_code
     for state in (JobState.FAILED, JobState.LOST, JobState.KILLED):
         if state in by_state:
             return state, by_state[state]

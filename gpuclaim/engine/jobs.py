@@ -92,6 +92,8 @@ class RunRequest:
     gpu_mem_mib: int = 0  # --gpu-mem: a share of one GPU, this much of its memory
     gpu_share: float = 0.0  # --gpu-share: ... or this part of it
     mig: Optional[str] = None  # --mig PROFILE: MIG slices of that profile ("any": any slice)
+    ray: bool = False  # --ray: a Ray cluster over its ranks, the command run against it
+    ray_cpus: Optional[int] = None  # --ray-cpus: CPUs each of its Ray nodes offers
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -190,6 +192,8 @@ def job_from_request(
         gpu_mem_mib=req.gpu_mem_mib,
         gpu_share=req.gpu_share,
         mig=req.mig,
+        ray=req.ray,
+        ray_cpus=req.ray_cpus,
         **more,
     )
 
@@ -217,7 +221,12 @@ def submit_job(
         req = replace(req, queue=True)  # it starts when they end, or then: from the queue
     ops = ops or NodeOps(config, prober)
     view = build_view(config, store, nodes_for(config, job), prober=prober)
-    check_fits(config, view, job)
+    placing = config  # where it may go: for run --ray, only nodes with Ray (asked first)
+    if job.ray:
+        from gpuclaim.engine.ray_jobs import nodes_with_ray
+
+        placing = nodes_with_ray(config, ops, job, view)
+    check_fits(placing, view, job)
     if req.sync and req.queue:
         # the laptop may be closed when it starts: every node it could start on gets a copy
         nodes = [n for n in nodes_for(config, job) if n.name not in view.unreachable]
@@ -234,7 +243,7 @@ def submit_job(
         if job.state == JobState.QUEUED:
             start_keepers(config, ops, job, view)
         return job
-    ranks = place_and_claim(config, store, job, prober, view, say=say)
+    ranks = place_and_claim(placing, store, job, prober, view, say=say)
     try:
         job = settle_port(store, ops, job, ranks[0].node)
         if req.sync:

@@ -6,6 +6,7 @@ Standard library only: job wrappers start queued jobs from the nodes."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from gpuclaim.core.protocol import (
     NODE_FACTS,
     PRUNE_COPIES,
     PULL_SOURCE,
+    RAY_CHECK,
     READ_LOG,
     STOP_SESSION,
     SYNC_READY,
@@ -37,6 +39,8 @@ from gpuclaim.core.protocol import (
     PullSourceRequest,
     PullSourceResponse,
     RankSpec,
+    RayCheckRequest,
+    RayCheckResponse,
     ReadLogRequest,
     ReadLogResponse,
     Req,
@@ -44,6 +48,7 @@ from gpuclaim.core.protocol import (
     StopSessionRequest,
     SyncReadyRequest,
     SyncTargetRequest,
+    WorkEnvSpec,
 )
 from gpuclaim.core.states import JobState
 from gpuclaim.engine.channel import ask
@@ -87,6 +92,11 @@ class NodeOps:
     def facts(self, node: NodeConfig, port: Optional[int] = None) -> NodeFactsResponse:
         request = NodeFactsRequest() if port is None else NodeFactsRequest(port=port)
         return self._call(node, NODE_FACTS, request)
+
+    def ray_check(
+        self, node: NodeConfig, workenv: WorkEnvSpec, workdir: Optional[str]
+    ) -> RayCheckResponse:
+        return self._call(node, RAY_CHECK, RayCheckRequest(workenv=workenv, workdir=workdir))
 
     def sync_target(
         self,
@@ -203,6 +213,8 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
     """Launch every rank's tmux session; if one cannot start, stop the others and give the
     GPUs back: a job runs whole or not at all."""
     gang: GangEnv = {}
+    # run --ray: the token its Ray nodes and clients share (in each rank's owner-only spec)
+    token = secrets.token_urlsafe(24) if job.ray else ""
     if len(job.ranks) > 1:
         facts = ops.facts(config.node(job.ranks[0].node))
         gang = {
@@ -217,6 +229,7 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
         for r in job.ranks:
             node = config.node(r.node)
             spec = rank_spec(config, store, job, r, node, {**gang, "NODE_RANK": r.rank})
+            spec["ray_token"] = token
             answer = ops.launch(node, spec)
             workenv = spec["workenv"]
             store.update_job(
@@ -307,6 +320,7 @@ def rank_spec(
             "indices": dict(zip(rank.gpu_uuids, rank.gpus)) if seen is None else seen,
         },
         "revived": revived,
+        "ray_token": "",
     }
 
 

@@ -225,6 +225,12 @@ def _ping(request: protocol.PingRequest) -> protocol.PingResponse:
     return {"version": __version__, "time": time.time()}
 
 
+def _ray_check(request: protocol.RayCheckRequest) -> protocol.RayCheckResponse:
+    from gpuclaim.node.ray_check import ray_check
+
+    return ray_check(request["workenv"], request["workdir"])
+
+
 # One handler per op of ``core/protocol.py``'s ``OpName``, each taking its op's request and
 # answering its response (tests/unit/test_protocol.py holds the names and types to it).
 _OPS: dict[str, Callable[[Any], object]] = {
@@ -242,4 +248,5 @@ _OPS: dict[str, Callable[[Any], object]] = {
     "pull_source": _pull_source,
     "prune_copies": _prune_copies,
     "ping": _ping,
+    "ray_check": _ray_check,
 }

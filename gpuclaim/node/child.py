@@ -162,6 +162,10 @@ class ChildRun(RankRecord):
         if self.pump is not None:
             self.pump.join(DRAIN_S)  # what it wrote last (a leftover may hold the pipe open)
         self._signal(signal.SIGKILL)  # leftovers of the job's process group hold GPU memory
+        if self.job.ray:  # a Ray node's processes, wherever they went (its supervisor killed)
+            from gpuclaim.node.ray_ports import kill_marked
+
+            kill_marked(f"{self.job.id}-{self.rank}")
         if self.pump is not None:
             self.pump.join(DRAIN_S)  # the pipe closed with them: its last bytes, then the end
         return int(self.child.returncode)

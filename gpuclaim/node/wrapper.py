@@ -186,6 +186,25 @@ class Wrapper(ChildRun):
             port = free_port()
             self.store.update_job(job_id=self.job.id, changes={"port": port})
             return [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}"]
+        if self.job.ray:
+            from gpuclaim.node.ray_node import supervisor_argv
+
+            token = str(self.spec.get("ray_token") or "")
+            if token:  # in the environment, never on a command line others can read
+                env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+
+            return supervisor_argv(
+                {
+                    "job_id": self.job.id,
+                    "rank": self.rank,
+                    "nnodes": len(self.job.ranks),
+                    "node": self.me.node,
+                    "num_gpus": len(self.me.gpu_uuids),
+                    "num_cpus": self.job.ray_cpus,
+                    "store_root": self.spec["store_root"],
+                    "argv": list(self.job.argv),
+                }
+            )
         return list(self.job.argv)
 
     def _supervise(self, env: dict[str, str], log: Any) -> int:
