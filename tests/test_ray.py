@@ -20,7 +20,8 @@ import pytest
 
 pytestmark = pytest.mark.ssh
 
-RAY = "ray==2.60.0"  # the Ray this suite runs against (a user's own dependency: any recent one)
+# the Ray this suite runs against (a user's own dependency: any recent one), with its dashboard
+RAY = "ray[default]==2.60.0"
 
 # Reports, from a task pinned to each node, where it ran and the GPUs Ray gave it.
 REPORT = """
@@ -47,15 +48,14 @@ def ray_venv() -> Path:
     share it; a lock makes it once)."""
     from filelock import FileLock
 
-    where = Path(tempfile.gettempdir()) / f"gpuclaim-test-venv-{RAY.replace('==', '-')}"
+    tag = RAY.replace("[", "-").replace("]", "").replace("==", "-")
+    where = Path(tempfile.gettempdir()) / f"gpuclaim-test-venv-{tag}"
     with FileLock(str(where) + ".lock", timeout=900):
         if not (where / "bin" / "ray").exists():
             subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-            subprocess.run(
-                [str(where / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", RAY],
-                check=True,
-                timeout=900,
-            )
+            pip = [str(where / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+            done = subprocess.run([*pip, RAY], capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, f"pip install {RAY}:\n{done.stderr[-3000:]}"
     return where
 
 
@@ -184,10 +184,62 @@ def test_a_killed_ray_job_leaves_no_ray_process_and_frees_its_gpus(
     )
     assert owner.returncode == 0, owner.stdout + owner.stderr
     assert oct((Path(job["log"]).parent / "spec.json").stat().st_mode & 0o777) == "0o600"
+    _dashboard_answers(rc, spec["ray_token"])
     rc.ok("kill", "long")
     assert _until(rc, "long", {"killed"}, timeout=40)["state"] == "killed"
     _no_ray_left(job["id"])
     assert all(r["state"] == "free" for r in rc.status())
+
+
+def _dashboard_answers(rc: Any, token: str) -> None:
+    """forward --dashboard tunnels the head's dashboard here; it asks for the job's token."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while not (_job(rc, "long").get("ray_head") or {}).get("dashboard"):
+        assert time.monotonic() < deadline, _job(rc, "long").get("ray_head")
+        time.sleep(0.5)
+    port = _free_port()
+    printed = rc.ok("forward", "long", "--dashboard", "--port", str(port), "--print")
+    head = _job(rc, "long")["ray_head"]
+    assert f"127.0.0.1:{port}:127.0.0.1:{head['dashboard_port']}" in printed, printed
+    tunnel = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "forward", "long", "--dashboard", "--port", str(port)],
+        env=rc.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/api/version"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5)
+                raise AssertionError("the dashboard answered without the token")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 401, exc
+                break
+            except OSError:
+                assert time.monotonic() < deadline and tunnel.poll() is None, tunnel.stderr
+                time.sleep(0.3)
+        asked = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(asked, timeout=10) as answer:
+            assert json.loads(answer.read())["ray_version"] == RAY.split("==")[1]
+    finally:
+        tunnel.terminate()
+        _, said = tunnel.communicate(timeout=10)
+    assert f"the dashboard asks for the job's Ray token: {token}" in said, said
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_two_ray_jobs_on_one_node_are_two_clusters_on_ports_of_their_own(

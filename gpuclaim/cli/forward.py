@@ -37,15 +37,22 @@ def forward(
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the ssh command instead of running it.")
     ] = False,
+    dashboard: Annotated[
+        bool, typer.Option("--dashboard", help="A run --ray job's Ray dashboard instead.")
+    ] = False,
 ) -> None:
-    """Forward a service's port to this machine until Ctrl-C (prints its local URL)."""
+    """Forward a service's port (or a Ray job's dashboard) to this machine until Ctrl-C
+    (prints its local URL)."""
     from gpuclaim.node.runner import port_in_use
 
     st = state(ctx)
-    job = _service_named(st, name)
-    assert job.service is not None
-    node = st.config.node(job.ranks[0].node)
-    remote_port = job.service.port
+    if dashboard:
+        job, node_name, remote_port = _ray_dashboard(st, name)
+    else:
+        job = _service_named(st, name)
+        assert job.service is not None
+        node_name, remote_port = job.ranks[0].node, job.service.port
+    node = st.config.node(node_name)
     if node.transport == "local":  # this machine is the node: nothing to forward
         out().print(f"http://127.0.0.1:{remote_port}/", markup=False, highlight=False)
         return
@@ -71,6 +78,44 @@ def forward(
         raise typer.Exit(0) from None
     if code != 0:
         raise GpuclaimError(f"the forward to {node.name} ended (ssh exit status {code})")
+
+
+def _ray_dashboard(st: Any, name: str) -> tuple[Any, str, int]:
+    """A running ``run --ray`` job's dashboard: the job, its head's node and port. Its token
+    (the dashboard asks for it) is said on stderr to its owner, read from the head's spec."""
+    from gpuclaim.cli.common import err
+    from gpuclaim.core.states import started
+    from gpuclaim.engine.job_records import find_job
+
+    job = find_job(st.store, st.user, name)
+    if not job.ray or not started(job.state):
+        raise UsageError(f"{job.name} is not a running run --ray job: it has no Ray dashboard")
+    head = job.ray_head or {}
+    if not head.get("dashboard"):
+        raise GpuclaimError(
+            f"{job.name}'s Ray has no dashboard answering (yet)",
+            hint="the minimal `pip install ray` has none: install ray[default] in its env",
+        )
+    token = _ray_token(st, job)
+    if token:
+        err().print(f"the dashboard asks for the job's Ray token: {token}", markup=False)
+    return job, str(head["node"]), int(head["dashboard_port"])
+
+
+def _ray_token(st: Any, job: Any) -> str:
+    """The job's Ray token, from rank 0's owner-only spec on its node ("" where unread)."""
+    import json
+    from pathlib import PurePosixPath
+
+    log = job.ranks[0].log if job.ranks else None
+    if not log or job.user != st.user:
+        return ""
+    spec = str(PurePosixPath(log).parent / "spec.json")
+    try:
+        answer = st.ops.read_log(st.config.node(job.ranks[0].node), spec)
+        return str(json.loads(answer["data"]).get("ray_token") or "")
+    except (GpuclaimError, ValueError, AttributeError):
+        return ""
 
 
 def _service_named(st: Any, name: str) -> Any:

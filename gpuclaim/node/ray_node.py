@@ -31,7 +31,9 @@ from gpuclaim.node import ray_ports as rp
 
 JOIN_TIMEOUT_S = 180.0  # every node joined by then, or the job fails saying which did not
 STOP_GRACE_S = 5.0  # a Ray node's `ray start` gets this long after SIGTERM, then SIGKILL
+DASHBOARD_WAIT_S = 60.0  # a dashboard not answering by then is taken to be none
 _NODE_IP = re.compile(r"Local node IP: (\S+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours, where Ray's optional `colorful` is there
 
 # Run with the job's Python (the one of its `ray`): waits until N nodes are alive.
 _WAIT_FOR_NODES = """
@@ -90,7 +92,7 @@ class RayNode:
         """``ray start``'s output into the job's log; the node IP it chose, as it says it."""
         assert self.proc is not None and self.proc.stdout is not None
         for raw in iter(self.proc.stdout.readline, b""):
-            m = _NODE_IP.search(raw.decode("utf-8", "replace"))
+            m = _NODE_IP.search(_ANSI.sub("", raw.decode("utf-8", "replace")))
             if m and self.node_ip is None:
                 self.node_ip = m.group(1)
             sys.stdout.buffer.write(raw)
@@ -140,6 +142,7 @@ def start_argv(
         "start",
         "--block",
         "--disable-usage-stats",
+        "--log-color=false",  # a log file, not a terminal
         f"--temp-dir={temp}",
         f"--num-gpus={num_gpus}",
         f"--node-manager-port={p(rp.NODE_MANAGER)}",
@@ -222,6 +225,7 @@ def run_head(spec: dict[str, Any], ray: str) -> int:
         if joined.returncode != 0:
             say("the Ray cluster did not come up: see above")
             return 1
+        threading.Thread(target=_dashboard_up, args=(spec, address, node), daemon=True).start()
         say(f"Ray cluster up: {nodes} node(s); running the command with RAY_ADDRESS={address}")
         command = subprocess.Popen(list(spec["argv"]), env=node.environment(RAY_ADDRESS=address))
         child.append(command)
@@ -265,9 +269,9 @@ def run_worker(spec: dict[str, Any], ray: str) -> int:
         say("Ray node stopped")
 
 
-def _publish(spec: dict[str, Any], address: str, node: RayNode) -> None:
+def _publish(spec: dict[str, Any], address: str, node: RayNode, dashboard: bool = False) -> None:
     """The head's address into the job's record: the other ranks join there, and
-    ``forward --dashboard`` finds the dashboard."""
+    ``forward --dashboard`` finds the dashboard (once it answers)."""
     from gpuclaim.store import ClaimStore
 
     assert node.block is not None
@@ -275,10 +279,28 @@ def _publish(spec: dict[str, Any], address: str, node: RayNode) -> None:
         "address": address,
         "node": spec["node"],
         "dashboard_port": node.block.port(rp.DASHBOARD),
+        "dashboard": dashboard,
     }
     ClaimStore(Path(spec["store_root"])).update_job(
         job_id=str(spec["job_id"]), changes={"ray_head": head}
     )
+
+
+def _dashboard_up(spec: dict[str, Any], address: str, node: RayNode) -> None:
+    """Say in the record once the dashboard answers (the minimal ``pip install ray`` has
+    none: ``ray[default]`` does)."""
+    from gpuclaim.core.errors import GpuclaimError
+
+    assert node.block is not None
+    until = time.monotonic() + DASHBOARD_WAIT_S
+    while time.monotonic() < until and node.proc is not None and node.proc.poll() is None:
+        if answers("127.0.0.1", node.block.port(rp.DASHBOARD)):
+            try:
+                _publish(spec, address, node, dashboard=True)
+            except GpuclaimError:
+                pass  # the store hiccuped: forward --dashboard says there is none
+            return
+        time.sleep(0.5)
 
 
 def _head_address(spec: dict[str, Any], stopped: list[int]) -> Optional[str]:
