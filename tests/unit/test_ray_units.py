@@ -99,3 +99,19 @@ def test_a_ray_jobs_end_is_its_heads_once_the_others_were_stopped_for_it() -> No
     assert killed[0] == "killed"  # gpuclaim kill: killed, whatever the head said
     worker_failed = _job_outcome(_ray_job(("killed", 143), ("failed", 1), "rank 1 failed"))
     assert worker_failed == ("failed", 1)  # a worker that could not join fails the job
+
+
+def test_a_ray_jobs_sbatch_script_runs_ray_symmetric_run_on_every_node() -> None:
+    from gpuclaim.app.slurm.sbatch import render_sbatch
+
+    job = _ray_job(("succeeded", 0), ("killed", 137), RAY_HEAD_ENDED).with_(
+        argv=("python", "tune.py", "--trials", "8"), gpus_per_node=2, nodes_wanted=2, ray_cpus=4
+    )
+    script = render_sbatch(job, "h100")
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:h100:2" in script
+    assert 'srun --ntasks-per-node=1 ray symmetric-run --address "$head_addr:$ray_port"' in script
+    assert (
+        '--min-nodes "$SLURM_JOB_NUM_NODES" --num-gpus=2 --num-cpus=4 -- python tune.py --trials 8'
+        in script
+    )
+    assert "torch.distributed.run" not in script  # not a torch gang

@@ -88,6 +88,9 @@ partition with `--gres=gpu:N`.
 
 Each script keeps the job's command exactly, its environment, directory, GPUs and time
 limit. Its output goes to `logs/JOBID.out` in the job's directory: create `logs/` there.
+A `run --ray` job becomes `srun ray symmetric-run --address HEAD:PORT --min-nodes N -- CMD`
+(Ray 2.49 or later in the job's environment): Ray on every node of the allocation, the
+command on the first, Ray stopped when it ends.
 
 {preemptible}{shares}{_bookings_paragraph(bookings)}## For the administrator: switching over
 

@@ -131,7 +131,11 @@ def render_sbatch(
     # A preemptible job's command runs as a job step: SLURM signals every process of a step,
     # never the batch shell's children.
     launch = "srun " if job.preemptible else ""
-    if array is not None and tasks:
+    if job.ray:
+        from gpuclaim.app.slurm.ray_script import ray_lines
+
+        out += ray_lines(job)
+    elif array is not None and tasks:
         out += _array_command(tasks, launch)
     else:
         out += _gang_lines(job) if job.nodes_wanted > 1 else [launch + shlex.join(job.argv)]
