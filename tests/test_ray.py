@@ -295,3 +295,64 @@ def test_a_node_without_ray_is_one_line_exit_2_and_nothing_claimed(rc: Any, tmp_
     lonely = rc.cli("run", "--ray-cpus", "2", "--", "true")
     assert lonely.returncode == 2 and "--ray-cpus is for --ray jobs" in lonely.stderr
     assert os.environ.get("GPUCLAIM_RAY_NODE") is None
+
+
+SERVICE = """
+import http.server, json, os, ray
+ray.init()
+@ray.remote(num_cpus=0)
+class Ping:
+    def ping(self):
+        return ray.get_runtime_context().get_node_id()
+ping = Ping.remote()
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        try:
+            node = ray.get(ping.ping.remote(), timeout=2)
+            body, code = json.dumps({"node": node}).encode(), 200
+        except Exception as exc:
+            body, code = str(exc).encode(), 500
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(os.environ["GPUCLAIM_PORT"])), Health).serve_forever()
+"""
+
+
+def test_serve_ray_keeps_a_ray_backed_service_up_and_its_cluster_with_it(
+    rc: Any, ray_venv: Path, tmp_path: Path
+) -> None:
+    script = _script(tmp_path, SERVICE)
+    job = rc.json(
+        "serve", "--ray", "--ray-cpus", "1", "-n", "1", "--venv", str(ray_venv), "--name", "rsvc",
+        "--health", "/", "--health-interval", "1s", "--", "python", str(script),
+    )  # fmt: skip
+
+    def health(want: str, restarts: int) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        while True:
+            row = _job(rc, "rsvc")
+            if row["health"] == want and row["restarts"] >= restarts:
+                return row
+            assert time.monotonic() < deadline, (row, _log(rc, "rsvc")[-3000:])
+            time.sleep(0.5)
+
+    health("healthy", 0)
+    gcs = [p for p in _ray_processes(job["id"]) if b"gcs_server" in _cmdline(p)]
+    assert len(gcs) == 1, gcs
+    os.kill(gcs[0], 9)  # its Ray head dies: the service stops answering, and comes back whole
+    health("healthy", 1)
+    assert len([p for p in _ray_processes(job["id"]) if b"gcs_server" in _cmdline(p)]) == 1
+    rc.ok("kill", "rsvc")
+    _until(rc, "rsvc", {"killed"}, timeout=40)
+    _no_ray_left(job["id"])
+    assert all(r["state"] == "free" for r in rc.status())
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

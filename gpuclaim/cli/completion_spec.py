@@ -531,6 +531,15 @@ SPEC: dict[str, Any] = {'help': "Claim, check and run on a small team's shared G
                                      'multiple': False,
                                      'help': 'MIG slices of this profile (3g.40gb; any: any slice) '
                                              'instead of whole GPUs.'},
+                                    {'names': ['--ray'],
+                                     'value': None,
+                                     'multiple': False,
+                                     'help': "Start a Ray cluster on the job's GPUs (head on rank "
+                                             '0), run the command on it.'},
+                                    {'names': ['--ray-cpus'],
+                                     'value': '',
+                                     'multiple': False,
+                                     'help': "CPUs each Ray node offers (default: Ray's)."},
                                     {'names': ['--json'],
                                      'value': None,
                                      'multiple': False,

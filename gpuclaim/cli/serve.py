@@ -76,6 +76,8 @@ def serve(
     gpu_mem: flags.GpuMem = None,
     gpu_share: flags.GpuShare = None,
     mig: flags.Mig = None,
+    ray: flags.Ray = False,
+    ray_cpus: flags.RayCpus = None,
     as_json: flags.AsJson = False,
     quiet: flags.Quiet = False,
 ) -> None:
@@ -112,6 +114,8 @@ def serve(
         gpu_mem=gpu_mem,
         gpu_share=gpu_share,
         mig=mig,
+        ray=ray,
+        ray_cpus=ray_cpus,
         as_json=as_json,
         quiet=quiet,
     )
