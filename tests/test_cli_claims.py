@@ -177,7 +177,7 @@ def test_adopt_claims_gpus_of_my_running_process(make_cluster):
     import subprocess
 
     c = make_cluster({"node01": 4})
-    env = {**os.environ, "GPUCLAIM_NODE": "node01", "CUDA_VISIBLE_DEVICES": "2"}
+    env = {**os.environ, **c.node_env("node01"), "CUDA_VISIBLE_DEVICES": "2"}
     job = subprocess.Popen(["sleep", "60"], env=env)
     try:
         row = c.by_gpu()[("node01", 2)]

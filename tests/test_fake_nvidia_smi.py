@@ -98,10 +98,14 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-def start_job(node: str, cvd: str, *argv: str, **env: str) -> subprocess.Popen[bytes]:
+def start_job(
+    state: Path, node: str, cvd: str, *argv: str, **env: str
+) -> subprocess.Popen[bytes]:
+    """A "job" on ``node`` of the simulated cluster whose state is ``state``."""
+    job_env = {"PATH": os.environ["PATH"], "GPUCLAIM_NODE": node, "CUDA_VISIBLE_DEVICES": cvd}
     return subprocess.Popen(
         list(argv) or ["sleep", "30"],
-        env={"PATH": os.environ["PATH"], "GPUCLAIM_NODE": node, "CUDA_VISIBLE_DEVICES": cvd, **env},
+        env={**job_env, "GPUCLAIM_SIM_STATE": str(state), **env},
         start_new_session=True,
     )
 
@@ -183,7 +187,7 @@ def test_summary_table(state: Path, node: str) -> None:
 
 
 def test_live_leaf_process_appears_on_its_gpu(state: Path, node: str) -> None:
-    job = start_job(node, "1")
+    job = start_job(state, node, "1")
     try:
         gpus = parse_query_gpu(ok(smi(state, node, GPU_QUERY, NOHEADER)), node, GPU_QUERY_FIELDS)
         procs = parse_compute_apps(ok(smi(state, node, APP_QUERY, NOHEADER)), APP_QUERY_FIELDS)
@@ -202,6 +206,7 @@ def test_live_leaf_process_appears_on_its_gpu(state: Path, node: str) -> None:
 def test_live_job_by_uuid_with_its_memory_and_no_double_count(state: Path, node: str) -> None:
     # A shell that waits for its child: only the leaf (sleep) is the job.
     job = start_job(
+        state,
         node,
         sim_uuid(node, 0),
         "sh",
@@ -210,7 +215,7 @@ def test_live_job_by_uuid_with_its_memory_and_no_double_count(state: Path, node:
         GPUCLAIM_FAKE_MEM_MIB="3000",
         GPUCLAIM_FAKE_UTIL_PCT="42",
     )
-    other = start_job(node + "-x", "0")  # another node's job is not ours
+    other = start_job(state, node + "-x", "0")  # another node's job is not ours
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -310,7 +315,7 @@ def test_one_xml_query_says_what_the_two_csv_queries_say(state: Path, node: str)
     """The probe makes one ``-q -x`` call; the simulator's XML must agree with its CSV."""
     from gpuclaim.node.probe.smi import probe_nvidia_smi
 
-    job = start_job(node, "1")
+    job = start_job(state, node, "1")
     try:
         wait_until(
             lambda: any(p.pid == job.pid for g in _csv_view(state, node) for p in g.processes)
@@ -345,7 +350,7 @@ def test_the_nvml_face_sees_the_same_gpus_and_jobs(
     before = nvml.probe_nvml(node)
     assert (before.source, before.driver_version) == ("nvml", "550.54.15")
     assert fake_pynvml._state["init"] == 1
-    job = start_job(node, "1")
+    job = start_job(state, node, "1")
     try:
         wait_until(
             lambda: any(p.pid == job.pid for g in _csv_view(state, node) for p in g.processes)

@@ -126,8 +126,15 @@ def test_a_job_sees_its_slices_mig_uuid_and_queues_for_a_busy_profile(mig_smi):
         got[job["name"]] = _seen(c, job["name"])
     assert set(got.values()) == {SLICE["0/2"], SLICE["0/3"]}, got
     # the driver (the fake, as nvidia-smi -q -x says it) puts each in its own slice: the row
-    # of a slice lists its job's process, and the 3g.40gb slice and GPU 1 stay free
-    rows = _rows(c)
+    # of a slice lists its job's process, and the 3g.40gb slice and GPU 1 stay free (a look
+    # may show a GPU read taken just before the jobs' processes started: the next one has them)
+    deadline = time.monotonic() + 20
+    while True:
+        rows = _rows(c)
+        if all(rows[label]["processes"] for label in ("0/2", "0/3")):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
     for label in ("0/2", "0/3"):
         assert rows[label]["state"] == "claimed"
         assert [p["name"] for p in rows[label]["processes"]] == ["python3"], rows[label]

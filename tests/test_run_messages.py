@@ -288,11 +288,18 @@ def _follow_in_background(c, name):
     return subprocess.Popen(
         [sys.executable, "-m", "gpuclaim", "logs", name, "-f"],
         env={**c.env(), "PYTHONFAULTHANDLER": "1"},  # SIGABRT: where each thread is
+        # as at a terminal: Ctrl-C reaches it. A suite started in the background (`.ci/run &`)
+        # passes SIGINT down ignored, and Python keeps it so: the follower never saw it.
+        preexec_fn=_default_sigint,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ended(proc, timeout: float) -> str:
