@@ -98,9 +98,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-def start_job(
-    state: Path, node: str, cvd: str, *argv: str, **env: str
-) -> subprocess.Popen[bytes]:
+def start_job(state: Path, node: str, cvd: str, *argv: str, **env: str) -> subprocess.Popen[bytes]:
     """A "job" on ``node`` of the simulated cluster whose state is ``state``."""
     job_env = {"PATH": os.environ["PATH"], "GPUCLAIM_NODE": node, "CUDA_VISIBLE_DEVICES": cvd}
     return subprocess.Popen(
