@@ -247,6 +247,49 @@ def test_a_job_after_a_requeued_one_waits_for_its_rerun(make_testbed, make_remot
     assert [j["state"] for j in prep] == ["preempted", "succeeded"]
 
 
+def test_run_follow_of_a_requeued_job_follows_its_rerun_and_ends_with_its_code(
+    make_testbed, make_remote
+):
+    import signal
+    import sys
+
+    tb = make_testbed(1, gpus=1)
+    c = make_remote(tb, kill_grace="2s", heartbeat="1s", extra_toml=_grace(2))
+    # the first run waits to be preempted (SIGUSR1 ends it), the rerun ends with status 7
+    script = (
+        'echo "run $GPUCLAIM_RESTART_COUNT"; '
+        '[ "$GPUCLAIM_RESTART_COUNT" = 0 ] && exec sleep 300; exit 7'
+    )
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "gpuclaim", "run", "--preemptible", "--requeue", "--follow",
+         "--name", "scav", "--", "sh", "-c", script],
+        env=c.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        _running(c, 1)
+        c.ok("claim", "-n", "1", user="bob")  # it yields, and waits in the queue behind bob
+        _wait_stored(c, lambda js: any(j["state"] == "preempted" for j in js), 30)
+        c.ok("release", "--all", user="bob")  # its rerun starts, and ends with status 7
+        out, said = follower.communicate(timeout=90)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 7, said
+    runs = [line for line in out.splitlines() if line.startswith("run ")]
+    assert runs == ["run 0", "run 1"], (out, said)
+    assert "gpuclaim: preempted (its GPUs go to bob)" in out  # the first run's log, whole
+    assert (
+        "gpuclaim: job scav yielded its GPUs and went back to the queue; following its next run"
+        in said
+    )
+    assert said.strip().splitlines()[-1].startswith("gpuclaim: job scav failed (exit code 7)"), said
+
+
 def test_preemptible_work_uses_a_booking_until_its_owner_claims(make_testbed, make_remote):
     tb = make_testbed(1, gpus=2)
     c = make_remote(tb, kill_grace="2s", heartbeat="1s", extra_toml=_grace(2))

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.cli.common import AppState
+from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.states import JobState, started
 
 if TYPE_CHECKING:
@@ -66,11 +67,71 @@ def follow_log(
     first: Optional[FirstRead] = None,
 ) -> int:
     """Print rank ``rank``'s log from ``offset`` until the job ends, then one line on stderr
-    of how it ended; returns the exit code for it (``exit_code_of``)."""
+    of how it ended; returns the exit code for it (``exit_code_of``). A preemptible
+    ``--requeue`` job that yielded is followed into its rerun (said on stderr), and the
+    exit code is the last run's."""
+    from gpuclaim.engine.job_watch import exit_code_of, outcome_line
+
+    try:
+        job = _follow_run(st, job, rank, offset, first)
+        while job.state == JobState.PREEMPTED and job.requeued_as:
+            job = _rerun_started(st, job, quiet)
+            if job is None or rank >= len(job.ranks) or not job.ranks[rank].log:
+                break  # gone, or ended without running (cancelled): nothing to follow
+            job = _follow_run(st, job, rank, 0, None)
+    except _Stopped as stop:
+        sys.stderr.write(
+            f"\ngpuclaim: stopped following; job {stop.name} goes on "
+            f"(gpuclaim kill {stop.name} stops it)\n"
+        )
+        return 130
+    if job is None:
+        return 1
+    if not quiet:
+        flush_stdout()
+        sys.stderr.write(f"gpuclaim: {outcome_line(job, time.time())}\n")
+    return exit_code_of(job)
+
+
+class _Stopped(Exception):
+    """Ctrl-C while following: the job goes on."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _rerun_started(st: AppState, job: Any, quiet: bool) -> Optional[Any]:
+    """The rerun of a requeued job once it started (or ended without starting); None if its
+    record is gone. Said on stderr, as it waits in the queue."""
+    from gpuclaim.core.states import ended
+    from gpuclaim.engine.job_records import find_job
+
+    if not quiet:
+        sys.stderr.write(
+            f"gpuclaim: job {job.name} yielded its GPUs and went back to the queue; "
+            "following its next run\n"
+        )
+    rerun_id = job.requeued_as
+    try:
+        while True:
+            try:
+                rerun = find_job(st.store, job.user, rerun_id, active_only=False)
+            except GpuclaimError:
+                return None
+            ran = bool(rerun.ranks and rerun.ranks[0].log)  # launched: it has a log to show
+            if (started(rerun.state) and ran) or ended(rerun.state):
+                return rerun
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        raise _Stopped(job.name) from None
+
+
+def _follow_run(st: AppState, job: Any, rank: int, offset: int, first: Optional[FirstRead]) -> Any:
+    """One run's log from ``offset`` until that run ended; the job as it ended."""
     from gpuclaim.core.errors import UnreachableError
     from gpuclaim.core.states import ended
     from gpuclaim.engine.job_records import observed_state, reload_job
-    from gpuclaim.engine.job_watch import exit_code_of, outcome_line
 
     r = job.ranks[rank]
     node = st.config.node(r.node)
@@ -105,15 +166,8 @@ def follow_log(
             if final and not chunk["data"]:
                 break
     except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\ngpuclaim: stopped following; job {job.name} goes on "
-            f"(gpuclaim kill {job.name} stops it)\n"
-        )
-        return 130
-    if not quiet:
-        flush_stdout()
-        sys.stderr.write(f"gpuclaim: {outcome_line(job, time.time())}\n")
-    return exit_code_of(job)
+        raise _Stopped(job.name) from None
+    return job
 
 
 def write_out(text: str) -> None:
