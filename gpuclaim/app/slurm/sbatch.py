@@ -128,18 +128,22 @@ def render_sbatch(
         else:
             out.append(f"# left out {comment(repr(key))}: not a name a shell can export")
     out.append("")
+    out += _command_lines(job, tasks)
+    return "\n".join(out) + "\n"
+
+
+def _command_lines(job: Job, tasks: Sequence[Job]) -> list[str]:
+    """What the script runs: a Ray job's cluster, an array's task, a gang, or the command."""
     # A preemptible job's command runs as a job step: SLURM signals every process of a step,
     # never the batch shell's children.
     launch = "srun " if job.preemptible else ""
     if job.ray:
         from gpuclaim.app.slurm.ray_script import ray_lines
 
-        out += ray_lines(job)
-    elif array is not None and tasks:
-        out += _array_command(tasks, launch)
-    else:
-        out += _gang_lines(job) if job.nodes_wanted > 1 else [launch + shlex.join(job.argv)]
-    return "\n".join(out) + "\n"
+        return ray_lines(job)
+    if job.array is not None and tasks:
+        return _array_command(tasks, launch)
+    return _gang_lines(job) if job.nodes_wanted > 1 else [launch + shlex.join(job.argv)]
 
 
 def _gres(job: Job, gpu_type: str, shards_per_gpu: int) -> str:
