@@ -85,6 +85,11 @@ class UnreachableError(GpuclaimError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class AnswerLostError(UnreachableError):
+    """The request reached the node, and its answer did not come back: it may have been done
+    there (a launch whose wrapper starts all the same)."""
+
+
 # -- the wire: how an error crosses from the node agent to the CLI, one codec both ends use ---
 def error_to_wire(exc: BaseException) -> dict[str, Any]:
     """``{"type", "message", "hint"}``: our errors by class name; an OSError as a StoreError

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig, WorkEnv
-from gpuclaim.core.errors import ConflictError, GpuclaimError
+from gpuclaim.core.errors import AnswerLostError, ConflictError, GpuclaimError
 from gpuclaim.core.fanout import fan_out
 from gpuclaim.core.model import Claim, Job, JobRank
 from gpuclaim.core.protocol import (
@@ -244,6 +244,9 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
                 },
             )
             launched.append(r)
+    except AnswerLostError as exc:
+        _answer_lost(config, store, job, r, exc)
+        raise
     except GpuclaimError as exc:
         for r in launched:
             try:
@@ -256,6 +259,25 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
             )
         raise
     return reload_job(store, job)
+
+
+def _answer_lost(
+    config: Config, store: Store, job: Job, lost: JobRank, exc: AnswerLostError
+) -> None:
+    """The launch of rank ``lost`` reached its node and its answer did not come back: its
+    wrapper may be starting there. That rank keeps its claim, ``starting``, until the wrapper
+    beats (it runs, held) or the launch grace passes without a beat (judged lost, its claim
+    freed; a wrapper later than that finds its end recorded and stops): never a command on
+    GPUs nobody holds, nor a job said failed that runs. Ranks after it were never launched:
+    they could not start, which stops the gang's others."""
+    later = [r for r in job.ranks if r.rank > lost.rank]
+    for r in later:
+        finish_rank(store, job, r.rank, JobState.FAILED, None, f"could not start: {exc.message}")
+    exc.message = (
+        f"{exc.message}: the launch reached {lost.node}, its answer did not come back; job "
+        f"{job.name} stays starting with its GPUs until its wrapper is heard from "
+        "(gpuclaim jobs says which)"
+    )
 
 
 def start_keepers(config: Config, ops: NodeOps, job: Job, view: ClusterView) -> list[str]:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpuclaim.core.errors import UnreachableError
+from gpuclaim.core.errors import AnswerLostError, UnreachableError
 from gpuclaim.core.paths import private_dir
 from gpuclaim.remote import bundle, install
 from gpuclaim.remote.openssh import OpenSshPool
@@ -268,10 +268,10 @@ class WarmAgents:
             conn.settimeout(timeout)
             try:
                 answer = stream.readline()
-            except socket.timeout as exc:
-                raise UnreachableError(f"{alias}: no answer within {timeout:.0f}s") from exc
+            except socket.timeout as exc:  # it was sent: the node may have done it
+                raise AnswerLostError(f"{alias}: no answer within {timeout:.0f}s") from exc
             if not answer:
-                raise UnreachableError(f"{alias}: the agent went away during the request")
+                raise AnswerLostError(f"{alias}: the agent went away during the request")
             return json.loads(answer)
         finally:
             conn.close()
