@@ -214,25 +214,22 @@ def test_a_rebooted_nodes_service_comes_back_at_the_next_look(one_node, tmp_path
     before = _answer(port)
     c.testbed.reboot_node("node01")
     assert _answer(port) is None
-    # Nobody has looked yet: its beats stopped, its GPU stays its own, shown down
-    down = _until(lambda: (r := _service(c, "llm"))["health"] == "down" and r, 15, "down")
-    assert down["state"] == "running"
     gpu = job["gpus"][0]
-    refused = c.cli("claim", "--gpu", f"node01:{gpu}", user="bob")
-    assert refused.returncode == 3, refused.stderr
-    # Two looks at once: one starts it again, the other does not start it twice
+    # The first commands after the reboot, at once: bob's claim of its GPU is refused (it is
+    # still alice's service's), and any command is a look that starts it again: exactly one
+    # of them does, the other does not start it twice
     looks = [
         subprocess.Popen(
-            [sys.executable, "-m", "gpuclaim", "status"],
+            [sys.executable, "-m", "gpuclaim", *argv],
             env=c.env(user),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for user in ("alice", "bob")
+        for user, argv in (("bob", ["claim", "--gpu", f"node01:{gpu}"]), ("alice", ["status"]))
     ]
     said = [p.communicate(timeout=60) for p in looks]
-    assert [p.returncode for p in looks] == [0, 0], said
+    assert [p.returncode for p in looks] == [3, 0], said
     started = [err for _, err in said if "started alice's service llm again on node01" in err]
     assert len(started) == 1, said
     t0 = time.monotonic()
@@ -256,6 +253,21 @@ def test_a_rebooted_nodes_service_comes_back_at_the_next_look(one_node, tmp_path
     c.ok("kill", "llm")
     _until(lambda: _service(c, "llm")["state"] == "killed", 20, "killed")
     assert all(r["state"] == "free" for r in c.json("status"))
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["gc"], ["run", "--", "true"], ["claim", "-n", "1"]])
+def test_any_command_after_a_reboot_starts_the_service_again(one_node, tmp_path, argv):
+    c = one_node
+    job = _serve(c, tmp_path, "llm")
+    _until(lambda: _service(c, "llm")["health"] == "healthy", 20, "healthy")
+    c.testbed.reboot_node("node01")
+    assert _answer(job["port"]) is None
+    look = c.cli(*argv)
+    assert look.returncode == 0, look.stderr
+    assert "started alice's service llm again on node01" in look.stderr, look
+    _until(lambda: _answer(job["port"]), 30, "back on its port")
+    row = _until(lambda: (r := _service(c, "llm"))["health"] == "healthy" and r, 20, "healthy")
+    assert row["restarts"] == 1
 
 
 def test_serve_on_named_gpus_and_extend_its_time(one_node, tmp_path):

@@ -31,6 +31,7 @@ class AppState:
     _config: Optional[Config] = field(default=None, repr=False)
     _store: Optional[Store] = field(default=None, repr=False)
     _prober: Optional[NodeProber] = field(default=None, repr=False)
+    revived: bool = False  # this command's look started the services it found down
 
     @property
     def config(self) -> Config:
@@ -48,6 +49,8 @@ class AppState:
         refusal = getattr(self._store, "refusal", None)
         if self.looking and refusal is not None:
             self.refused(refusal)
+        if self._store is not None and self._config is not None and not self.revived:
+            self.revive_quietly()
         if self._config is None or self._store is None or not self._config.slack.webhook_url:
             return
         from gpuclaim.core.errors import GpuclaimError
@@ -98,6 +101,35 @@ class AppState:
         except GpuclaimError as exc:
             err().print(f"warning: could not start queued jobs: {exc}")
         return None
+
+    def revive_quietly(self) -> None:
+        """Any command that read the store starts the services it finds down on nodes that
+        answer (a rebooted node's), as ``status`` does: only its own account's, one command
+        per service winning the turn; the others are said to be their owners' to start."""
+        from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
+        from gpuclaim.core.states import SERVICE_DOWN
+
+        self.revived = True
+        try:
+            # a service's claim held, or one already judged down: its node is asked (a
+            # rebooted node's answer proves its wrapper gone before its beats are old)
+            claims = self.store.snapshot().claims.values()
+            held = {s.claim.node for s in claims if s.claim.service or s.reason == SERVICE_DOWN}
+            known = [n for n in self.config.nodes if n.name in held]
+            if not known:
+                return
+            from gpuclaim.cli.revival_lines import say_revival
+            from gpuclaim.engine.cluster import build_view, shown_max_age
+            from gpuclaim.engine.services import revive_services, services_down
+
+            age = shown_max_age(self.config)  # not a placement: a recent read will do
+            view = build_view(self.config, self.store, known, prober=self.prober, max_age_s=age)
+            if services_down(view):
+                say_revival(revive_services(self.config, self.store, view, self.ops))
+        except StorageRefusesWrites as exc:
+            self.refused(exc)
+        except GpuclaimError as exc:
+            err().print(f"warning: could not start services found down: {exc}", markup=False)
 
     def refused(self, exc: object) -> None:
         """Say once per command that the storage refuses writes, and what that means here."""

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from gpuclaim.cli import completion
 from gpuclaim.cli.app_state import AppState
 from gpuclaim.cli.console import err, out, print_json, waiting
+from gpuclaim.cli.revival_lines import say_revival
 from gpuclaim.core.errors import ExitCode
 
 
@@ -29,6 +30,7 @@ def show_status(st: AppState, node: Optional[list[str]], as_json: bool, quiet: b
         completion.remember_view(cfg.path, view)
     ops = st.ops if services_down(view) else None  # NodeOps (engine.launch): only to revive
     look = follow_up_look(cfg, st.store, view, ops)
+    st.revived = True  # this look did it (or found none down)
     if look.refusal:
         st.refused(look.refusal)
     say_revival(look.revival, quiet)
@@ -85,31 +87,6 @@ def services_held(store: Any, view: Any) -> dict[str, Any]:
 def _unreachable_line(view: Any, name: str) -> str:
     error = str(view.inventories[name].error)
     return error if error.startswith(f"{name}:") else f"{name}: {error}"
-
-
-def say_revival(revival: Any, quiet: bool = False) -> None:
-    """Services this look started again, on stderr (``--json`` stays parseable)."""
-    for job, cause in [] if quiet else revival.started:
-        where = job.ranks[0].node if job.ranks else "its node"
-        err().print(
-            f"started {job.user}'s service {job.name} again on {where} ({cause})", markup=False
-        )
-    for job, cause in revival.owners:
-        from gpuclaim.core.accounts import owner_name  # here: only another's service down
-
-        where = job.ranks[0].node if job.ranks else "its node"
-        who = owner_name(job)
-        err().print(
-            f"{job.user}'s service {job.name} is down on {where} ({cause}): only {who}'s "
-            f"account starts it again, at {who}'s next gpuclaim command there",
-            markup=False,
-        )
-    for job, error in revival.failed:
-        err().print(
-            f"warning: could not start {job.user}'s service {job.name} again: {error}"
-            " (the next look tries again)",
-            markup=False,
-        )
 
 
 def _advise_slurm_once(view: Any, store: Any, console: Any) -> None:
