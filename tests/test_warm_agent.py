@@ -301,7 +301,11 @@ def test_the_agent_answers_only_its_own_user(tmp_path: Path) -> None:
             shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def test_a_newer_version_retires_the_older_and_idle_agents_exit(tmp_path: Path) -> None:
+def test_a_new_version_retires_an_idle_other_spares_one_in_use_and_idle_agents_exit(
+    tmp_path: Path,
+) -> None:
+    from gpuclaim.node import server
+
     env = dict(os.environ, HOME=str(tmp_path), XDG_RUNTIME_DIR="")
     entry = [sys.executable, "-m", "gpuclaim.node.main"]
     env["PYTHONPATH"] = str(ROOT)
@@ -314,11 +318,18 @@ def test_a_newer_version_retires_the_older_and_idle_agents_exit(tmp_path: Path) 
 
     old = ensure("v-old", "60")
     assert old["started"] and ensure("v-old", "60")["started"] is False  # found, not doubled
+    # in use (asked a moment ago: a laptop of that version looks in turns): left to run
+    busy = ensure("v-busy", "60")
+    assert server.ask(Path(busy["socket"]), {"op": "ping"})["result"]
+    time.sleep(1.6)  # old idle for longer than the new one's idle limit; busy asked again
+    assert server.ask(Path(busy["socket"]), {"op": "ping"})["result"]
     new = ensure("v-new", "1.5")
     deadline = time.monotonic() + 10
-    while Path(old["socket"]).exists():  # told to quit by the newer one
+    while Path(old["socket"]).exists():  # idle: told to quit by the newer one
         assert time.monotonic() < deadline, "the old agent did not retire"
         time.sleep(0.1)
+    assert server.ask(Path(busy["socket"]), {"op": "ping"})["result"]  # still serving
+    server.ask(Path(busy["socket"]), {"op": "quit"})
     deadline = time.monotonic() + 10
     while Path(new["socket"]).exists():  # idle for 1.5 s: gone, socket removed
         assert time.monotonic() < deadline, "the idle agent did not exit"

@@ -8,7 +8,8 @@ master (``ssh -O forward``), so a look costs one round trip. Per user, nothing t
 - its socket and lock live in a private directory (``$XDG_RUNTIME_DIR/gpuclaim`` or
   ``~/.cache/gpuclaim/run-<host>``, 0700, ours; by host, as its where-file is, so nodes
   that share a home each have their own), and it answers only its own user (SO_PEERCRED);
-- one per version (the socket is named by it); a newer one tells older ones to quit;
+- one per version (the socket is named by it); a newer one tells the others to quit if
+  they are idle (two versions in use at once, one laptop upgraded before another, both stay);
 - it exits by itself after ``idle_s`` without a request, removing its socket.
 
 Protocol, one connection per caller: the server writes a greeting line, then answers each
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 START_WAIT_S = 5.0  # serve-ensure waits this long for a server it started
+RETIRE_IDLE_S = 30.0  # another version's server unused this long is retired by a new one
 # The socket's name may use this many bytes: the directory is chosen for it, whatever the
 # version (a socket path holds 107 bytes; agent-0.1.0-<12 hex>.sock is 29; longer ones
 # are shortened to 32).
@@ -86,7 +88,7 @@ class Server:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0  # another server of this version runs
-        _retire_older(self.path.parent, self.path.name)
+        _retire_older(self.path.parent, self.path.name, self.idle_s)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a stale socket: its server is gone (we hold the lock)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -133,10 +135,11 @@ class Server:
             _send(stream, greeting(self.version))
             for line in stream:
                 with self._lock:
+                    idle_since, others = self.last_request, self.busy  # before this one
                     self.busy += 1
                     self.last_request = time.monotonic()
                 try:
-                    _send(stream, self._answer(line))
+                    _send(stream, self._answer(line, idle_since, others))
                 finally:
                     with self._lock:
                         self.busy -= 1
@@ -144,7 +147,7 @@ class Server:
                 if self.stopping.is_set():
                     return
 
-    def _answer(self, line: bytes) -> dict[str, Any]:
+    def _answer(self, line: bytes, idle_since: float = 0.0, others: int = 0) -> dict[str, Any]:
         try:
             request = json.loads(line.decode("utf-8"))
             if not isinstance(request, dict):
@@ -152,6 +155,11 @@ class Server:
         except (ValueError, UnicodeDecodeError) as exc:
             return {"error": {"type": "GpuclaimError", "message": f"agent: bad request: {exc}"}}
         if request.get("op") == "quit":
+            # "idle_for": only if nobody asked anything for that long (another version's
+            # agent starting: a laptop of this version may be mid-look, or about to look)
+            idle_for = float(request.get("idle_for") or 0.0)
+            if idle_for and (others or time.monotonic() - idle_since < idle_for):
+                return {"result": False}
             self.stopping.set()
             return {"result": True}
         if request.get("op") == "probe":
@@ -220,12 +228,15 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
-def _retire_older(directory: Path, mine: str) -> None:
-    """Ask servers of other versions to quit: a newer gpuclaim arrived."""
+def _retire_older(directory: Path, mine: str, idle_s: float) -> None:
+    """Ask servers of other versions to quit if they are idle: another gpuclaim arrived, and
+    the one it replaces is done with. One still in use (a lab upgrading one laptop at a time:
+    two versions look at the node in turns) is left to run, and to exit once idle."""
+    idle_for = min(RETIRE_IDLE_S, idle_s)
     for other in directory.glob("agent-*.sock"):
         if other.name != mine:
             with contextlib.suppress(OSError, ValueError):
-                ask(other, {"op": "quit"}, timeout=2.0)
+                ask(other, {"op": "quit", "idle_for": idle_for}, timeout=2.0)
 
 
 # -- a client on this node (serve-ensure, tests) --------------------------------------------
