@@ -367,3 +367,23 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_queued_ray_job_waits_for_a_node_with_ray_not_any_free_one(
+    rc: Any, ray_venv: Path
+) -> None:
+    # Ray in node01's job env only: a venv relative to the job's workdir, its node's home
+    (rc.testbed.home_of("node01") / ".venv").symlink_to(ray_venv)
+    rc.ok("claim", "-n", "2", "--node", "node01", "--time", "10m", user="bob")
+    job = rc.json(
+        "run", "--ray", "--queue", "-n", "1", "--ray-cpus", "1", "-C", "~", "--venv", ".venv",
+        "--name", "waits", "--", "python", "-c", "import ray; ray.init(); print('ran')",
+    )  # fmt: skip
+    assert job["state"] == "queued" and job["ray_nodes"] == ["node01"], job
+    time.sleep(3)  # node02 is free all along: a job without Ray there must not start on it
+    assert _job(rc, "waits")["state"] == "queued"
+    rc.ok("release", "--all", user="bob")
+    done = _until(rc, "waits", {"succeeded", "failed", "killed", "lost"})
+    assert done["state"] == "succeeded" and done["ranks"][0]["node"] == "node01", done
+    assert "ran" in _log(rc, "waits")
+    _no_ray_left(job["id"])

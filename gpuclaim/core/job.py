@@ -189,6 +189,7 @@ class Job:
     ray: bool = False
     ray_cpus: Optional[int] = None  # run --ray-cpus: CPUs each Ray node offers (None: Ray's)
     ray_head: Optional[dict[str, Any]] = None  # its head, once up: address, dashboard, node
+    ray_nodes: tuple[str, ...] = ()  # the nodes whose job env had Ray at submit (): any)
 
     @property
     def shared(self) -> bool:
@@ -276,6 +277,7 @@ class Job:
             "ray": self.ray,
             "ray_cpus": self.ray_cpus,
             "ray_head": self.ray_head,
+            "ray_nodes": list(self.ray_nodes),
         }
 
     @classmethod
@@ -340,6 +342,7 @@ class Job:
             ray=bool(d.get("ray", False)),
             ray_cpus=opt_int(d.get("ray_cpus")),
             ray_head=d["ray_head"] if isinstance(d.get("ray_head"), dict) else None,
+            ray_nodes=tuple(str(n) for n in d.get("ray_nodes") or ()),
         )
 
 

@@ -205,9 +205,13 @@ class _Pass:
         waits = self._may_run(entry, job)
         if waits is not None:
             return waits
-        nodes = [n.name for n in self.config.nodes if job.node in (None, n.name)]
+        nodes = [
+            n.name
+            for n in self.config.nodes
+            if job.node in (None, n.name) and (not job.ray_nodes or n.name in job.ray_nodes)
+        ]
         if not nodes:
-            return None  # pinned to a node this pass does not use (a wrapper's, elsewhere)
+            return None  # pinned to nodes this pass does not use (a wrapper's, elsewhere)
         out = reasons.nodes_out(self.view, job, nodes)
         if out is not None:
             return out

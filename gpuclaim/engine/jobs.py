@@ -226,6 +226,8 @@ def submit_job(
         from gpuclaim.engine.ray_jobs import nodes_with_ray
 
         placing = nodes_with_ray(config, ops, job, view)
+        # queued, it is placed later, by whoever dispatches: where Ray was found, too
+        job = job.with_(ray_nodes=tuple(n.name for n in placing.nodes))
     check_fits(placing, view, job)
     if req.sync and req.queue:
         # the laptop may be closed when it starts: every node it could start on gets a copy

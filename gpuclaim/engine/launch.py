@@ -130,7 +130,12 @@ class NodeOps:
 
 
 def nodes_for(config: Config, job: Job) -> list[NodeConfig]:
-    return [config.node(job.node)] if job.node else list(config.nodes)
+    """The nodes a job may run on: its pinned one, else any (a Ray job: those with Ray)."""
+    if job.node:
+        return [config.node(job.node)]
+    if job.ray_nodes:
+        return [n for n in config.nodes if n.name in job.ray_nodes]
+    return list(config.nodes)
 
 
 def place_and_claim(
