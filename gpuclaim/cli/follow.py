@@ -74,7 +74,10 @@ def follow_log(
 
     try:
         job = _follow_run(st, job, rank, offset, first)
-        while job.state == JobState.PREEMPTED and job.requeued_as:
+        while job.state == JobState.PREEMPTED:
+            job = _requeued(st, job)
+            if not job.requeued_as:
+                break  # not to be requeued: its end is this run's
             job = _rerun_started(st, job, quiet)
             if job is None or rank >= len(job.ranks) or not job.ranks[rank].log:
                 break  # gone, or ended without running (cancelled): nothing to follow
@@ -99,6 +102,24 @@ class _Stopped(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+REQUEUE_WAIT_S = 10.0  # a preempted --requeue run names its rerun moments after its end
+
+
+def _requeued(st: AppState, job: Any) -> Any:
+    """A preempted ``--requeue`` job once its record names its rerun (its end is written
+    first, the rerun a moment later); as it is if it was not to be requeued."""
+    from gpuclaim.engine.job_records import reload_job
+
+    deadline = time.monotonic() + REQUEUE_WAIT_S
+    try:
+        while job.requeue and not job.requeued_as and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = reload_job(st.store, job)
+    except KeyboardInterrupt:
+        raise _Stopped(job.name) from None
+    return job
 
 
 def _rerun_started(st: AppState, job: Any, quiet: bool) -> Optional[Any]:
