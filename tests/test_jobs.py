@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -209,6 +210,35 @@ def test_queue_starts_within_seconds_of_an_expiry_with_no_gpuclaim_call(testbed,
     while _processes_like(b"keep-queue", "GPUCLAIM_TESTBED", str(c.testbed.dir)):
         assert time.monotonic() < deadline, "the queue keeper outlived the queue"
         time.sleep(0.3)
+    c.ok("kill", "patient")
+
+
+def test_a_lost_queue_keeper_is_started_again_by_its_owners_next_command(testbed, make_remote):
+    # the node "rebooted" under a queued job: its keeper is gone, so an expiry there would go
+    # unnoticed with the laptop closed; the owner's next command (any) starts a keeper again
+    c = make_remote(testbed, nodes=["node01"], heartbeat="1s")
+    held = c.json("claim", "-n", "4", "--time", "12s", "--note", "short")
+    queued = c.json("run", "-n", "2", "--queue", "--name", "patient", "--", "sleep", "30")
+    mark = ("GPUCLAIM_TESTBED", str(c.testbed.dir))
+    keepers = _processes_like(b"keep-queue", *mark)
+    assert keepers, "no queue keeper for the queued job"
+    for pid in keepers:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _processes_like(b"keep-queue", *mark):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    c.ok("jobs")  # any command of its owner
+    assert _processes_like(b"keep-queue", *mark), "the owner's command started no keeper"
+    # nobody runs gpuclaim now: the keeper alone sees the claim expire and starts the job
+    expires = parse_iso(held["expires"])
+    record_path = c.storage / "jobs" / f"{queued['id']}.json"
+    while time.time() < expires + 20:
+        if json.loads(record_path.read_text())["state"] in ("starting", "running"):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the queued job never started after the claim expired")
     c.ok("kill", "patient")
 
 

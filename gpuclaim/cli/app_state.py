@@ -51,6 +51,8 @@ class AppState:
             self.refused(refusal)
         if self._store is not None and self._config is not None and not self.revived:
             self.revive_quietly()
+        if self._store is not None and self._config is not None:
+            self.keep_keepers()
         if self._config is None or self._store is None or not self._config.slack.webhook_url:
             return
         from gpuclaim.core.errors import GpuclaimError
@@ -130,6 +132,46 @@ class AppState:
             self.refused(exc)
         except GpuclaimError as exc:
             err().print(f"warning: could not start services found down: {exc}", markup=False)
+
+    def keep_keepers(self) -> None:
+        """This account's queued jobs have a queue keeper of this account on each node they
+        could start on: one lost with a reboot is started again by any command of its owner
+        (else a job behind an expiring claim would wait for someone to look)."""
+        from gpuclaim.core.accounts import Account, keeper_lock
+        from gpuclaim.core.errors import GpuclaimError
+        from gpuclaim.core.states import JobState
+
+        try:
+            entries = self.store.queue_entries()
+            if not entries:
+                return
+            me = Account.from_dict(self.store.whoami())
+            from gpuclaim.core.priority import parse_entry
+            from gpuclaim.engine.launch import keeper_spec, nodes_for
+
+            wanted: set[str] = set()
+            for name in entries:
+                entry = parse_entry(name)
+                job = self.store.load_job(job_id=entry.job_id) if entry else None
+                if job is None or job.state != JobState.QUEUED or job.uid != me.uid:
+                    continue
+                if job.nodes_wanted == 1:  # a gang is placed by the laptop's dispatch
+                    wanted.update(n.name for n in nodes_for(self.config, job))
+            lost = sorted(
+                n for n in wanted if not self.store.lock_held(name=keeper_lock(n, me.uid))
+            )
+            if not lost:
+                return
+            from gpuclaim.core.fanout import fan_out
+
+            ops = self.ops
+            fan_out(
+                lost,
+                lambda name: ops.keep_queue(self.config.node(name), keeper_spec(self.config, name)),
+                self.config.limits.deadline_s,
+            )
+        except GpuclaimError:
+            pass  # a node away, storage hiccups: the next command tries again
 
     def refused(self, exc: object) -> None:
         """Say once per command that the storage refuses writes, and what that means here."""
