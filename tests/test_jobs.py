@@ -384,7 +384,7 @@ def test_gang_job_ranks_and_one_failure_stops_the_other(jobs_cluster):
     assert seen[0]["NNODES"] == "2" and seen[0]["NPROC_PER_NODE"] == "2"
     # rank 1's process dies with an error: the job fails and rank 0 is stopped too
     # (all testbed nodes share this machine: pick rank 1's process by its environment)
-    assert _kill_where({"GPUCLAIM_JOB": "gang", "NODE_RANK": "1"}, b"time.sleep(300)") == 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"], "NODE_RANK": "1"}, b"time.sleep(300)") == 1
     done = _wait_state(c, "gang", {"failed"}, timeout=30)
     assert [r["state"] for r in done["ranks"]] == ["killed", "failed"]
     assert all(r["state"] == "free" for r in c.status())
@@ -396,7 +396,7 @@ def test_rebooted_node_leaves_a_stale_claim_that_is_reclaimable(jobs_cluster):
     _wait_state(c, "victim", {"running"})
     # "reboot": the wrapper, the job and the tmux server vanish at once
     assert _kill_where({}, job["id"].encode()) >= 1  # the wrapper (and the tmux server)
-    assert _kill_where({"GPUCLAIM_JOB": "victim"}, b"sleep") == 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"]}, b"sleep") == 1
     c.testbed.ssh("node03", "tmux kill-server")
     deadline = time.monotonic() + 20
     while True:
@@ -433,7 +433,7 @@ def test_a_look_at_a_rebooted_node_sees_the_job_lost_at_once(testbed, make_remot
     _wait_state(c, "victim", {"running"})
     _wait_state(c, "bystander", {"running"})
     assert _kill_where({}, job["id"].encode()) >= 1  # the wrapper (and the tmux server)
-    assert _kill_where({"GPUCLAIM_JOB": "victim"}, b"sleep") == 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"]}, b"sleep") == 1
     c.testbed.ssh("node03", "tmux kill-server")
     t0 = time.monotonic()
     rows = c.status()
@@ -455,7 +455,7 @@ def test_gc_collects_a_rebooted_nodes_job_at_once(testbed, make_remote):
     job = c.json("run", "-n", "2", "--node", "node01", "--name", "gone", "--", "sleep", "300")
     _wait_state(c, "gone", {"running"})
     assert _kill_where({}, job["id"].encode()) >= 1
-    assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"]}, b"sleep") == 1
     report = c.json("gc")
     assert report["lost_jobs"] == ["gone"], report
     assert _job(c, "gone")["state"] == "lost"

@@ -275,7 +275,7 @@ def test_a_killed_timed_out_or_lost_job_gives_its_documented_code(c, tmp_path):
     _wait_printed(follower, "one")  # it has read the log: it follows
     # the node "reboots": wrapper, job and tmux server vanish at once; nobody else looks
     assert _kill_where({}, job["id"].encode()) >= 1
-    assert _kill_where({"GPUCLAIM_JOB": "gone"}, b"sleep") == 1
+    assert _kill_where({"GPUCLAIM_JOB_ID": job["id"]}, b"sleep") == 1
     c.testbed.ssh("node01", "tmux kill-server")
     t0 = time.monotonic()
     said = _ended(follower, 60)

@@ -147,16 +147,22 @@ class AppState:
                 return
             me = Account.from_dict(self.store.whoami())
             from gpuclaim.core.priority import parse_entry
-            from gpuclaim.engine.launch import keeper_spec, nodes_for
+            from gpuclaim.engine.launch import NodeOps, keeper_spec, nodes_for
 
             wanted: set[str] = set()
             for name in entries:
                 entry = parse_entry(name)
-                job = self.store.load_job(job_id=entry.job_id) if entry else None
+                if entry is None or entry.user not in (None, self.user):
+                    continue  # another person's (their name, read without the record)
+                if len(wanted) == len(self.config.nodes):
+                    break  # every node wanted already: no more records to read
+                job = self.store.load_job(job_id=entry.job_id)
                 if job is None or job.state != JobState.QUEUED or job.uid != me.uid:
                     continue
                 if job.nodes_wanted == 1:  # a gang is placed by the laptop's dispatch
                     wanted.update(n.name for n in nodes_for(self.config, job))
+            # a keeper this command started may not hold its lock yet: not started again
+            wanted -= NodeOps.keepers_started
             lost = sorted(
                 n for n in wanted if not self.store.lock_held(name=keeper_lock(n, me.uid))
             )

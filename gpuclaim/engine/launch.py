@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from gpuclaim.core.config import Config, NodeConfig, WorkEnv
 from gpuclaim.core.errors import AnswerLostError, ConflictError, GpuclaimError
@@ -66,6 +66,10 @@ class NodeOps:
     """Job operations on nodes, through the prober's channels: one method per agent op, typed
     by its pair in ``core/protocol.py``."""
 
+    # nodes this process asked to start a queue keeper on (the command's own end checks for
+    # lost keepers: one started a moment ago may not hold its lock yet)
+    keepers_started: ClassVar[set[str]] = set()
+
     def __init__(self, config: Config, prober: NodeProber) -> None:
         self.config = config
         self.prober = prober
@@ -77,7 +81,9 @@ class NodeOps:
         return self._call(node, LAUNCH, LaunchRequest(spec=spec))
 
     def keep_queue(self, node: NodeConfig, spec: KeeperSpec) -> KeepQueueResponse:
-        return self._call(node, KEEP_QUEUE, KeepQueueRequest(spec=spec))
+        answer = self._call(node, KEEP_QUEUE, KeepQueueRequest(spec=spec))
+        NodeOps.keepers_started.add(node.name)
+        return answer
 
     def stop_session(self, node: NodeConfig, session: str) -> bool:
         return bool(self._call(node, STOP_SESSION, StopSessionRequest(session=session)))
