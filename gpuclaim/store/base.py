@@ -62,7 +62,9 @@ class StoreBase:
         to seconds), so an offset inside that bound, or within a second, counts as zero."""
         best: Optional[tuple[float, float]] = None  # (half round trip, offset)
         for _ in range(3):
-            probe = self._p("tmp", f"clock-{self.host}-{os.getpid()}-{_nonce()}")
+            # named as every staged file is (host.pid.nonce): a probe its killed writer
+            # left is swept as theirs are
+            probe = self._p("tmp", f"{self.host}.{os.getpid()}.clock-{_nonce()}")
             before = time.time()
             try:
                 fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)

@@ -34,8 +34,9 @@ class SweepPart(QueuePart):
         return removed
 
     def _staged_file_abandoned(self, name: str, path: Path, now: float, max_age_s: float) -> bool:
-        host, _, rest = name.partition(".")
-        pid_text = rest.partition(".")[0]
+        # host.pid.nonce, from the right: a host name may hold dots (node01.lab.example)
+        parts = name.rsplit(".", 2)
+        host, pid_text = (parts[0], parts[1]) if len(parts) == 3 else ("", "")
         if host == self.host and pid_text.isdigit() and not _pid_alive(int(pid_text)):
             return True
         try:
