@@ -10,7 +10,7 @@ Standard library only: wrappers and keepers dispatch from the nodes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from gpuclaim.core.accounts import runs_as
@@ -31,14 +31,21 @@ from gpuclaim.engine import queue_reasons as reasons
 from gpuclaim.engine.array_records import array_of_task, note_task_end
 from gpuclaim.engine.bookings import my_open_bookings
 from gpuclaim.engine.claims import held_gpus, release_claims
-from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
+from gpuclaim.engine.cluster import ClusterView, GpuRow, NodeProber, build_view
 from gpuclaim.engine.depends import BROKEN, WAITING, judge
 from gpuclaim.engine.fairshare import use_by_user
 from gpuclaim.engine.launch import CLAIM_MARGIN_S, NodeOps, place_and_claim, start_ranks
 from gpuclaim.engine.owners import not_ours, store_account
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
 from gpuclaim.engine.policy import lab_config
-from gpuclaim.engine.preempt import begin_handover, end_handovers, find_handover, yielding_to
+from gpuclaim.engine.preempt import (
+    begin_gang_handover,
+    end_handovers,
+    find_gang_handover,
+    find_handover,
+    yieldable,
+    yielding_to,
+)
 from gpuclaim.engine.queue_plan import NEVER, Plan, slots_of
 from gpuclaim.engine.queue_reasons import Reason
 from gpuclaim.engine.share_placement import (
@@ -227,7 +234,7 @@ class _Pass:
         usable = [n for n in nodes if n not in self.view.drains and n not in self.view.unreachable]
         if job.shared:
             return self._judge_share(entry, job, req, nodes, usable, until)
-        free = {n: len(usable_rows(self.view, n, req, until)) for n in usable}
+        free = {n: len(_usable(self.view, job, n, req, until)) for n in usable}
         fit = [n for n, count in free.items() if count >= job.gpus_per_node]
         if len(fit) < job.nodes_wanted:
             short = preempt_for(self.config, self.store, self.view, job, nodes, until - self.now)
@@ -408,13 +415,26 @@ class _Pass:
         return QueueReport(self.started, verdicts, dict(self.plan.starts))
 
 
+def _usable(
+    view: ClusterView, job: Job, node: str, req: ClaimRequest, until: float
+) -> list[GpuRow]:
+    """The GPUs the job could claim on ``node`` now: a ``--reservation`` job's, only those
+    of its booking (the rest of the node is not its to wait for or preempt)."""
+    rows = usable_rows(view, node, req, until)
+    if not job.reservation:
+        return rows
+    booked = next((b for b in view.snapshot.bookings if b.id == job.reservation), None)
+    return [r for r in rows if booked is not None and r.uuid in booked.uuids]
+
+
 def preempt_for(
     config: Config, store: Store, view: ClusterView, job: Job, nodes: list[str], duration: float
 ) -> Optional[Reason]:
     """GPUs that preemptible jobs hold make it fit: ask them to yield, with the GPUs
-    booked for its owner meanwhile (their wrappers' dispatch starts it once they ended);
-    why it waits then. None: preempting would not make it fit (or it preempts nobody)."""
-    if job.preemptible or job.nodes_wanted != 1 or job.reservation:
+    booked for its owner meanwhile (a gang's on all its nodes, or none), and its dispatch
+    starts it once they ended; why it waits then. None: preempting would not make it fit
+    (or it preempts nobody)."""
+    if job.preemptible:
         return None
     under_way = yielding_to(view.snapshot.bookings, job.user, nodes)
     if under_way is not None:
@@ -424,15 +444,48 @@ def preempt_for(
             f"preemptible jobs yield {under_way.node} GPU {gpus} to {job.user}",
         )
     req = ClaimRequest(user=job.user, count=job.gpus_per_node, node=job.node, mig=job.mig)
-    handover = find_handover(config, view, req, duration)
-    if handover is None:
+    if job.nodes_wanted > 1:
+        handovers = find_gang_handover(config, view, req, job.nodes_wanted, nodes, duration)
+    else:
+        if job.reservation:  # inside its booking only, as a claim on it preempts
+            inside = in_booking_request(view, job, req, duration)
+            if inside is None:
+                return None
+            req = inside
+        one = find_handover(config, view, req, duration)
+        handovers = [one] if one is not None else None
+    if not handovers:
         return None
     try:
-        _, who = begin_handover(config, store, req, handover)
+        _, who = begin_gang_handover(config, store, req, handovers)
     except GpuclaimError:
         return None  # another pass or claim got there first: judged again next time
-    gpus = ",".join(handover.labels)
-    return Reason(ReasonCode.RESOURCES, f"waiting for {who} to yield {handover.node} GPU {gpus}")
+    where = "; ".join(f"{h.node} GPU {','.join(h.labels)}" for h in handovers)
+    return Reason(ReasonCode.RESOURCES, f"waiting for {who} to yield {where}")
+
+
+def in_booking_request(
+    view: ClusterView, job: Job, req: ClaimRequest, duration: float
+) -> Optional[ClaimRequest]:
+    """A queued ``--reservation`` job's claim: exactly GPUs of its booking, the free ones
+    first, then those preemptible work holds; None if even all of them are too few."""
+    booked = next((b for b in view.snapshot.bookings if b.id == job.reservation), None)
+    if booked is None:
+        return None
+    until = view.snapshot.now + duration
+    free = [r for r in usable_rows(view, booked.node, req, until) if r.uuid in booked.uuids]
+    held = [
+        r
+        for r in view.gpus_of(booked.node)
+        if r.uuid in booked.uuids and r not in free and yieldable(r, req)
+    ]
+    rows = (sorted(free, key=lambda r: r.order) + sorted(held, key=lambda r: r.order))[
+        : job.gpus_per_node
+    ]
+    if len(rows) < job.gpus_per_node:
+        return None
+    labels = tuple(r.label for r in sorted(rows, key=lambda r: r.order))
+    return replace(req, exact=((booked.node, labels),), node=None, count=0)
 
 
 def nothing_free(view: ClusterView) -> bool:

@@ -6,6 +6,7 @@ Standard library only: job wrappers start queued jobs from the nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -57,7 +58,7 @@ from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
-from gpuclaim.engine.preempt import Say
+from gpuclaim.engine.preempt import Handover, Say, find_gang_handover, gang_hand_over
 from gpuclaim.engine.sync import TreeCopier
 from gpuclaim.store import Store
 
@@ -182,7 +183,11 @@ def place_and_claim(
         return [_rank(0, claim)]
     # Gang: the nodes with room, fullest first (best fit), then exact GPUs on each.
     asking = ClaimRequest(
-        user=job.user, duration_s=duration, preemptible=job.preemptible, mig=job.mig
+        user=job.user,
+        count=job.gpus_per_node,
+        duration_s=duration,
+        preemptible=job.preemptible,
+        mig=job.mig,
     )
     until = view.snapshot.now + duration
     free = {
@@ -195,29 +200,71 @@ def place_and_claim(
         key=lambda n: (len(free[n]), candidates.index(n)),
     )
     if len(fitting) < job.nodes_wanted:
+        if say is not None:
+            handovers = find_gang_handover(
+                config, view, asking, job.nodes_wanted, candidates, duration
+            )
+            if handovers is not None:
+                return _gang_handed_over(config, store, job, prober, asking, handovers, say)
         raise ConflictError(
             f"{job.nodes_wanted} nodes with {job.gpus_per_node} free GPUs are not free now"
         )
+    picks = []
+    for node in fitting[: job.nodes_wanted]:
+        rows = sorted(free[node], key=lambda r: r.order)[: job.gpus_per_node]
+        picks.append((node, tuple(r.label for r in rows)))
+    return _claim_ranks(config, store, job, picks, _reuse(prober, view))
+
+
+def _claim_ranks(
+    config: Config,
+    store: Store,
+    job: Job,
+    picks: Sequence[tuple[str, tuple[str, ...]]],
+    prober: NodeProber,
+) -> list[JobRank]:
+    """A gang's ranks: exactly these GPUs on each node (rank by rank), all or none."""
+    duration = job.time_limit_s + CLAIM_MARGIN_S
     ranks: list[JobRank] = []
     try:
-        for rank, node in enumerate(fitting[: job.nodes_wanted]):
-            rows = sorted(free[node], key=lambda r: r.order)[: job.gpus_per_node]
-            indices = tuple(r.label for r in rows)
+        for rank, (node, labels) in enumerate(picks):
             req = ClaimRequest(
                 user=job.user,
-                exact=((node, indices),),
+                exact=((node, labels),),
                 duration_s=duration,
                 note=f"job {job.name} rank {rank}",
                 job=job.id,
                 preemptible=job.preemptible,
                 mig=job.mig,
             )
-            ranks.append(_rank(rank, claim_gpus(config, store, req, prober=_reuse(prober, view))))
+            ranks.append(_rank(rank, claim_gpus(config, store, req, prober=prober)))
     except GpuclaimError:
         for r in ranks:
             release_claims(config, store, job.user, claim_ids=[r.claim_id or ""], jobs_too=True)
         raise
     return ranks
+
+
+def _gang_handed_over(
+    config: Config,
+    store: Store,
+    job: Job,
+    prober: NodeProber,
+    asking: ClaimRequest,
+    handovers: list[Handover],
+    say: Say,
+) -> list[JobRank]:
+    """A gang whose nodes' preemptible jobs yielded (engine.preempt): its ranks claim exactly
+    the handed-over GPUs inside the bookings that kept everyone else off them meanwhile."""
+    bookings = gang_hand_over(config, store, asking, handovers, say)
+    try:
+        picks = [(h.node, h.labels) for h in handovers]
+        # asked again: the yielded jobs' processes are gone now (an earlier answer shows them)
+        return _claim_ranks(config, store, job, picks, prober.fresh())
+    finally:
+        for booking in bookings:
+            with contextlib.suppress(GpuclaimError):
+                store.drop_booking(booking.id)
 
 
 def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:

@@ -7,7 +7,8 @@ a booking keeps every other claim, run and queued job off its GPUs meanwhile. Th
 jobs to yield (their wrappers read the request within a second: the job's signal, the grace,
 SIGTERM, ``kill_grace``, SIGKILL), waits for their claims to go, claims exactly those GPUs
 inside its own booking, and drops the booking. A claimer that dies while waiting leaves a
-booking that ends by itself moments later.
+booking that ends by itself moments later. A gang (``run --nodes K``) books every node it
+needs first, all or none, and only then asks anyone to yield.
 """
 
 from __future__ import annotations
@@ -181,24 +182,66 @@ def _exact(view: ClusterView, req: ClaimRequest, duration: float) -> Optional[Ha
     return Handover(node, tuple(rows), tuple(victims.values()))
 
 
+def find_gang_handover(
+    config: Config,
+    view: ClusterView,
+    req: ClaimRequest,
+    nodes_wanted: int,
+    candidates: Sequence[str],
+    duration: float,
+) -> Optional[list[Handover]]:
+    """Where a gang of ``nodes_wanted`` nodes with ``req.count`` GPUs each fits once
+    preemptible jobs yield: one hand-over per node (nobody to yield where its GPUs are free,
+    but booked all the same, so the gang starts whole), the fewest jobs preempted. None when
+    even that would not fit, or when nobody need yield."""
+    if req.preemptible or req.adopt or nodes_wanted < 2:
+        return None
+    until = view.snapshot.now + duration
+    options: list[tuple[int, int, Handover]] = []
+    for order, node in enumerate(candidates):
+        if node in view.unreachable or node in view.drains:
+            continue
+        free = sorted(usable_rows(view, node, req, until), key=lambda r: r.order)
+        if len(free) >= req.count:
+            options.append((0, order, Handover(node, tuple(free[: req.count]), ())))
+            continue
+        one = find_handover(config, view, dataclasses.replace(req, node=node), duration)
+        if one is not None and one.node == node:
+            options.append((len(one.victims), order, one))
+    if len(options) < nodes_wanted:
+        return None
+    chosen = [h for _, _, h in sorted(options, key=lambda o: o[:2])[:nodes_wanted]]
+    return chosen if any(h.victims for h in chosen) else None
+
+
 def hand_over(
     config: Config, store: Store, req: ClaimRequest, handover: Handover, say: Say
 ) -> Booking:
     """Book ``handover``'s GPUs for ``req.user``, ask its victims to yield and wait until their
     claims are gone; the booking is the caller's to drop once it claimed. ConflictError: the
     GPUs went to someone else first (HandoverLost), or the jobs did not yield in time."""
-    booking, who = begin_handover(config, store, req, handover)
+    return gang_hand_over(config, store, req, [handover], say)[0]
+
+
+def gang_hand_over(
+    config: Config, store: Store, req: ClaimRequest, handovers: Sequence[Handover], say: Say
+) -> list[Booking]:
+    """``hand_over`` on every node of a gang at once: all booked, then all asked, then
+    waited for together; the bookings are the caller's to drop once it claimed."""
+    bookings, who = begin_gang_handover(config, store, req, handovers)
     try:
-        gpus = ",".join(map(str, _victim_indices(handover)))
         grace = format_duration(config.queue.preempt_grace_s)
-        say(f"waiting up to {grace} for {who} to yield {handover.node} GPU {gpus}")
-        late = f"{who} did not yield within {booking.end - booking.start:.0f}s"
-        _wait_until_gone(store, handover, booking.end, late)
-    except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the booking ends
-        with contextlib.suppress(GpuclaimError):
-            store.drop_booking(booking.id)
+        where = "; ".join(
+            f"{h.node} GPU {','.join(_victim_indices(h))}" for h in handovers if h.victims
+        )
+        say(f"waiting up to {grace} for {who} to yield {where}")
+        end = min(b.end for b in bookings)
+        late = f"{who} did not yield within {end - bookings[0].start:.0f}s"
+        _wait_until_gone(store, [c for h in handovers for c in h.victims], end, late)
+    except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the bookings end
+        _drop(store, bookings)
         raise
-    return booking
+    return bookings
 
 
 def begin_handover(
@@ -207,18 +250,48 @@ def begin_handover(
     """Book ``handover``'s GPUs for ``req.user`` for as long as yielding may take, and ask
     its victims to yield; the booking and who yields ("alice's scav[3]"). HandoverLost: the
     GPUs went to someone else first."""
-    grace = config.queue.preempt_grace_s
-    budget = grace + config.limits.kill_grace_s + YIELD_SLACK_S
+    bookings, who = begin_gang_handover(config, store, req, [handover])
+    return bookings[0], who
+
+
+def begin_gang_handover(
+    config: Config, store: Store, req: ClaimRequest, handovers: Sequence[Handover]
+) -> tuple[list[Booking], str]:
+    """Book every hand-over's GPUs (a gang's nodes, free ones too) for ``req.user``, all or
+    none, and only then ask the victims to yield: a claimer that takes one node's GPUs first
+    makes this drop the bookings it took with nobody asked (no job yields for a gang that
+    cannot start). The bookings and who yields. HandoverLost: someone else got there first."""
+    budget = config.queue.preempt_grace_s + config.limits.kill_grace_s + YIELD_SLACK_S
     now = store.now()
-    jobs = {c.id: store.load_job(job_id=c.job or "") for c in handover.victims}
-    who = _names(handover.victims, jobs)
+    victims = [c for h in handovers for c in h.victims]
+    jobs = {c.id: store.load_job(job_id=c.job or "") for c in victims}
+    who = _names(victims, jobs)
+    bookings: list[Booking] = []
+    try:
+        for handover in handovers:
+            bookings.append(_book(store, req, handover, now, now + budget, who))
+        deadline = now + config.queue.preempt_grace_s
+        asked: set[str] = set()
+        for claim in victims:
+            if claim.job not in asked:  # a gang's ranks yield as their one job
+                asked.add(claim.job or claim.id)
+                _ask_to_yield(store, claim, jobs.get(claim.id), req.user, deadline, now)
+    except BaseException:
+        _drop(store, bookings)
+        raise
+    return bookings, who
+
+
+def _book(
+    store: Store, req: ClaimRequest, handover: Handover, now: float, end: float, who: str
+) -> Booking:
     booking = Booking(
         id=new_booking_id(),
         user=req.user,
         node=handover.node,
         gpus=tuple(ClaimedGpu(r.uuid or "", r.index or 0, r.mig) for r in handover.rows),
         start=now,
-        end=now + budget,
+        end=end,
         note=f"hand-over: {who} yield to {req.user}",
         created=now,
         host=this_host(),
@@ -229,14 +302,13 @@ def begin_handover(
         store.book(booking)
     except ConflictError as exc:
         raise HandoverLost(f"another claim got there first: {exc.message}") from None
-    try:
-        for claim in handover.victims:
-            _ask_to_yield(store, claim, jobs.get(claim.id), req.user, now + grace, now)
-    except BaseException:
+    return booking
+
+
+def _drop(store: Store, bookings: Iterable[Booking]) -> None:
+    for booking in bookings:
         with contextlib.suppress(GpuclaimError):
             store.drop_booking(booking.id)
-        raise
-    return booking, who
 
 
 def yielding_to(bookings: Sequence[Booking], user: str, nodes: Sequence[str]) -> Optional[Booking]:
@@ -253,10 +325,12 @@ def end_handovers(store: Store, user: str, uuids: Sequence[str]) -> None:
 
 
 def _names(victims: Sequence[Claim], jobs: dict[str, Optional[Job]]) -> str:
-    names = []
+    names: list[str] = []
     for c in victims:
         job = jobs.get(c.id)
-        names.append(f"{c.user}'s {job.name if job else c.job}")
+        name = f"{c.user}'s {job.name if job else c.job}"
+        if name not in names:  # a gang's ranks on several nodes: one job
+            names.append(name)
     return ", ".join(names)
 
 
@@ -287,8 +361,8 @@ def _ask_to_yield(
     store.append_event(dataclasses.replace(event, extra=extra))
 
 
-def _wait_until_gone(store: Store, handover: Handover, until: float, late: str) -> None:
-    ids = {c.id for c in handover.victims}
+def _wait_until_gone(store: Store, victims: Sequence[Claim], until: float, late: str) -> None:
+    ids = {c.id for c in victims}
     while True:
         try:
             snap = store.snapshot()
