@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -48,6 +47,7 @@ from gpuclaim.engine.preempt import (
     Handover,
     HandoverLost,
     Say,
+    drop_bookings,
     find_handover,
     hand_over,
     yieldable,
@@ -229,8 +229,7 @@ def _claim_handed_over(
         # asked again: the yielded jobs' processes are gone now (an earlier answer shows them)
         return claim_gpus(config, store, exact, prober.fresh())
     finally:
-        with contextlib.suppress(GpuclaimError):
-            store.drop_booking(booking.id)
+        drop_bookings(store, [booking])
 
 
 def _within(

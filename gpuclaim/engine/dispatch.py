@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from gpuclaim.core.accounts import runs_as
+from gpuclaim.core.booking import Booking
 from gpuclaim.core.config import Config
 from gpuclaim.core.errors import (
     ConflictError,
@@ -423,8 +424,12 @@ def _usable(
     rows = usable_rows(view, node, req, until)
     if not job.reservation:
         return rows
-    booked = next((b for b in view.snapshot.bookings if b.id == job.reservation), None)
+    booked = _booking_of(view, job)
     return [r for r in rows if booked is not None and r.uuid in booked.uuids]
+
+
+def _booking_of(view: ClusterView, job: Job) -> Optional[Booking]:
+    return next((b for b in view.snapshot.bookings if b.id == job.reservation), None)
 
 
 def preempt_for(
@@ -469,11 +474,10 @@ def in_booking_request(
 ) -> Optional[ClaimRequest]:
     """A queued ``--reservation`` job's claim: exactly GPUs of its booking, the free ones
     first, then those preemptible work holds; None if even all of them are too few."""
-    booked = next((b for b in view.snapshot.bookings if b.id == job.reservation), None)
+    booked = _booking_of(view, job)
     if booked is None:
         return None
-    until = view.snapshot.now + duration
-    free = [r for r in usable_rows(view, booked.node, req, until) if r.uuid in booked.uuids]
+    free = _usable(view, job, booked.node, req, view.snapshot.now + duration)
     held = [
         r
         for r in view.gpus_of(booked.node)

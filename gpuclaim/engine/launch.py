@@ -6,7 +6,6 @@ Standard library only: job wrappers start queued jobs from the nodes."""
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -58,7 +57,13 @@ from gpuclaim.engine.claims import claim_gpus, release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.job_records import finish_rank, reload_job
 from gpuclaim.engine.placement import ClaimRequest, usable_rows
-from gpuclaim.engine.preempt import Handover, Say, find_gang_handover, gang_hand_over
+from gpuclaim.engine.preempt import (
+    Handover,
+    Say,
+    drop_bookings,
+    find_gang_handover,
+    gang_hand_over,
+)
 from gpuclaim.engine.sync import TreeCopier
 from gpuclaim.store import Store
 
@@ -262,9 +267,7 @@ def _gang_handed_over(
         # asked again: the yielded jobs' processes are gone now (an earlier answer shows them)
         return _claim_ranks(config, store, job, picks, prober.fresh())
     finally:
-        for booking in bookings:
-            with contextlib.suppress(GpuclaimError):
-                store.drop_booking(booking.id)
+        drop_bookings(store, bookings)
 
 
 def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:

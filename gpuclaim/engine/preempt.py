@@ -239,7 +239,7 @@ def gang_hand_over(
         late = f"{who} did not yield within {end - bookings[0].start:.0f}s"
         _wait_until_gone(store, [c for h in handovers for c in h.victims], end, late)
     except BaseException:  # Ctrl-C too: the GPUs go back at once, not when the bookings end
-        _drop(store, bookings)
+        drop_bookings(store, bookings)
         raise
     return bookings
 
@@ -277,7 +277,7 @@ def begin_gang_handover(
                 asked.add(claim.job or claim.id)
                 _ask_to_yield(store, claim, jobs.get(claim.id), req.user, deadline, now)
     except BaseException:
-        _drop(store, bookings)
+        drop_bookings(store, bookings)
         raise
     return bookings, who
 
@@ -305,7 +305,8 @@ def _book(
     return booking
 
 
-def _drop(store: Store, bookings: Iterable[Booking]) -> None:
+def drop_bookings(store: Store, bookings: Iterable[Booking]) -> None:
+    """Hand-overs done with (claimed, or given up): their GPUs go back at once."""
     for booking in bookings:
         with contextlib.suppress(GpuclaimError):
             store.drop_booking(booking.id)
@@ -318,10 +319,8 @@ def yielding_to(bookings: Sequence[Booking], user: str, nodes: Sequence[str]) ->
 
 def end_handovers(store: Store, user: str, uuids: Sequence[str]) -> None:
     """``user`` now holds these GPUs: the hand-overs that kept them are done."""
-    for b in store.bookings():
-        if b.handover and b.user == user and b.shares_gpus(uuids):
-            with contextlib.suppress(GpuclaimError):
-                store.drop_booking(b.id)
+    done = [b for b in store.bookings() if b.handover and b.user == user and b.shares_gpus(uuids)]
+    drop_bookings(store, done)
 
 
 def _names(victims: Sequence[Claim], jobs: dict[str, Optional[Job]]) -> str:
