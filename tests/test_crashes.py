@@ -221,3 +221,37 @@ def test_sigkill_of_run_and_queue_dispatch_leaves_true_states(make_cluster):
     _check_invariants(store, after_gc=True)
     assert all(r["state"] == "free" for r in cluster.status())
     print(f"{RUN_TRIALS} kills of run: job states {sorted(states)}")
+
+
+# `run --queue` killed exactly between writing its job record and its queue entry: the
+# process kills itself where the entry would be written (the window CI once met at random).
+_KILLED_BEFORE_ENQUEUE = (
+    "import os, signal\n"
+    "from gpuclaim.store.queue import QueuePart\n"
+    "QueuePart.enqueue = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+    "from gpuclaim.entry.main import run\n"
+    "run()\n"
+)
+
+
+def test_queued_record_whose_entry_was_never_written_is_put_back_by_gc(make_cluster):
+    from gpuclaim.engine.queue_repair import ORPHAN_AFTER_S
+
+    cluster = make_cluster({"node01": 1}, fast=True)
+    argv = [sys.executable, "-c", _KILLED_BEFORE_ENQUEUE]
+    argv += ["run", "--queue", "--name", "orphan", "--", "echo", "ran"]
+    done = subprocess.run(argv, env=cluster.env(), capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (job,) = cluster.json("jobs", "--all")
+    assert job["state"] == "queued"
+    assert not list((cluster.storage / "queue").iterdir())  # the entry was never written
+    # A submit still in flight is not taken for a lost one: within the grace, nothing mended.
+    assert cluster.json("gc", "--json")["requeued"] == []
+    time.sleep(ORPHAN_AFTER_S + 0.5)
+    assert cluster.json("gc", "--json")["requeued"] == ["orphan"]
+    deadline = time.monotonic() + 30
+    while cluster.json("jobs", "--all")[0]["state"] != "succeeded":
+        assert time.monotonic() < deadline, cluster.json("jobs", "--all")
+        time.sleep(0.5)
+    assert "ran" in cluster.ok("logs", "orphan")
+    assert cluster.json("gc", "--json")["requeued"] == []  # once: it has run

@@ -47,6 +47,7 @@ def gc(
                 "incomplete": [c.to_dict() for c in report.incomplete],
                 "corrupt": report.corrupt,
                 "lost_jobs": report.lost_jobs,
+                "requeued": report.requeued,
                 "sync_copies_removed": copies,
                 "jobs_archived": archived,
                 "bookings_dropped": bookings.dropped,
@@ -65,6 +66,8 @@ def gc(
         console.print(f"Abandoned half-made claim {c.id} of {c.user} on {c.node}: removed")
     for name in report.lost_jobs:
         console.print(f"Job {name}: its node or wrapper went away; recorded as lost")
+    for name in report.requeued:
+        console.print(f"Job {name}: queued but missing from the queue (its writer died); put back")
     if archived:
         records = "record that" if archived == 1 else "records that"
         console.print(f"Archived {archived} job {records} ended over a day ago")

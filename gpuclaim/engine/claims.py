@@ -20,7 +20,7 @@ from gpuclaim.core.errors import (
 from gpuclaim.core.events import claim_event
 from gpuclaim.core.identity import this_host
 from gpuclaim.core.inventory import gpu_label, label_order
-from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType
+from gpuclaim.core.model import Claim, ClaimedGpu, Event, EventType, Job
 from gpuclaim.core.share_policy import gpu_count
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, GpuState, JobState, ended
 from gpuclaim.engine.bookings import (
@@ -52,6 +52,7 @@ from gpuclaim.engine.preempt import (
     hand_over,
     yieldable,
 )
+from gpuclaim.engine.queue_repair import requeue_orphans
 from gpuclaim.engine.share_placement import pick_share, share_claim_fields, share_wanted
 from gpuclaim.store import ClaimStatus, Snapshot, Store, new_claim_id
 
@@ -68,6 +69,7 @@ class GcReport:
     corrupt: list[str] = field(default_factory=list)
     swept: int = 0  # leftover staged files and locks of killed processes
     lost_jobs: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)  # queued records the queue had lost
 
 
 _LABEL = re.compile(r"^(\d+)(?:/(\d+))?$")
@@ -414,16 +416,18 @@ def collect_garbage(
     for cf in snap.corrupt():
         if store.quarantine_corrupt(cf):
             report.corrupt.append(cf.uuid)
-    report.swept = store.sweep()
-    report.lost_jobs = _finish_lost_jobs(store, snap)
+    report.swept = store.sweep()  # taken entries of dead dispatchers back first, then:
+    jobs = load_jobs(store)
+    report.requeued = requeue_orphans(store, jobs)
+    report.lost_jobs = _finish_lost_jobs(store, snap, jobs)
     return report
 
 
-def _finish_lost_jobs(store: Store, snap: Snapshot) -> list[str]:
+def _finish_lost_jobs(store: Store, snap: Snapshot, jobs: list[Job]) -> list[str]:
     """Jobs still marked running whose every claim is gone or lost: their node or wrapper went
     away. Record them as lost (their claims were just collected), so none stays 'running'."""
     lost = []
-    for job in load_jobs(store):
+    for job in jobs:
         if job.state not in ACTIVE_JOB_STATES or job.state == JobState.QUEUED or not job.ranks:
             continue
         alive = [
