@@ -186,3 +186,55 @@ def test_the_demo_runs_its_tour_as_you_in_a_store_of_its_own(tmp_path):
     )
     assert status.returncode == 0, status.stderr
     assert {r["state"] for r in json.loads(status.stdout)} == {"free", "busy-unclaimed"}
+
+
+def test_a_gang_runs_on_the_demos_two_local_nodes(tmp_path):
+    """The demo's nodes are one machine with one tmux server: each rank needs a session
+    name of its own (it once failed: 'a tmux session gc-USER-NAME is already running')."""
+    home = tmp_path / "home"
+    tmux_dir = tmp_path / "tmux"  # this test's own tmux server, ended below by its socket
+    tmux_dir.mkdir(mode=0o700)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GPUCLAIM_", "TMUX"))},
+        "GPUCLAIM_HOME": str(home),
+        "GPUCLAIM_USER": "newcomer",
+        "TMUX_TMPDIR": str(tmux_dir),
+    }
+    demo = subprocess.run(
+        [sys.executable, "-m", "gpuclaim", "demo"], env=env, capture_output=True, timeout=120
+    )
+    assert demo.returncode == 0, demo.stderr
+    env["GPUCLAIM_CONFIG"] = str(home / "demo" / "config.toml")
+    try:
+        job = ["sh", "-c", 'echo "rank $NODE_RANK of $WORLD_SIZE"; sleep 1']
+        run = ["run", "--nodes", "2", "-n", "1", "--name", "pair", "--follow", "--", *job]
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuclaim", *run],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "rank 0 of 2" in proc.stdout, proc.stdout  # --follow follows rank 0
+        rank1 = subprocess.run(
+            [sys.executable, "-m", "gpuclaim", "logs", "pair", "--rank", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "rank 1 of 2" in rank1.stdout, rank1.stderr
+        jobs = subprocess.run(
+            [sys.executable, "-m", "gpuclaim", "jobs", "--all", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        (record,) = json.loads(jobs.stdout)
+        assert record["state"] == "succeeded"
+        assert sorted(r["node"] for r in record["ranks"]) == ["demo01", "demo02"]
+    finally:
+        for socket in tmux_dir.glob("tmux-*/*"):
+            subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)

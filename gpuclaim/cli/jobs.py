@@ -392,7 +392,7 @@ def attach(
     if rank >= len(job.ranks):
         ranks = f"{len(job.ranks)} rank" + ("s" if len(job.ranks) != 1 else "")
         raise UsageError(f"job {job.name} has {ranks}: --rank 0 to {len(job.ranks) - 1}")
-    argv = attach_command(st.config, job.ranks[rank].node, job.session)
+    argv = attach_command(st.config, job.ranks[rank].node, job.session_of(rank))
     if print_only:
         # exactly what would run: from inside tmux, with TMUX unset (see _exec_outside_tmux)
         prefix = ["env", "-u", "TMUX"] if "TMUX" in os.environ else []

@@ -201,6 +201,11 @@ class Job:
             return f"gc-{self.user}-{self.array.name}-{self.array.index}"
         return f"gc-{self.user}-{self.name}"
 
+    def session_of(self, rank: int) -> str:
+        """Rank 0's session is the job's; a gang's other ranks add their rank, so two ranks
+        on one machine (the demo's local nodes share a tmux server) never take one name."""
+        return self.session if rank == 0 else f"{self.session}-rank{rank}"
+
     @property
     def ends(self) -> Optional[float]:
         return None if self.started is None else self.started + self.time_limit_s

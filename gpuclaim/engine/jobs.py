@@ -407,7 +407,7 @@ def stop_and_wait(
             if job.state in FINAL_STATES or r.state in FINAL_STATES:
                 continue
             try:
-                ops.stop_session(config.node(r.node), job.session)
+                ops.stop_session(config.node(r.node), job.session_of(r.rank))
             except GpuclaimError:
                 pass
             finish_rank(store, job, r.rank, JobState.KILLED, None, "stopped; its wrapper was gone")

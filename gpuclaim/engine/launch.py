@@ -311,7 +311,7 @@ def start_ranks(config: Config, store: Store, job: Job, ops: NodeOps) -> Job:
     except GpuclaimError as exc:
         for r in launched:
             try:
-                ops.stop_session(config.node(r.node), job.session)
+                ops.stop_session(config.node(r.node), job.session_of(r.rank))
             except GpuclaimError:
                 pass
         for r in job.ranks:
@@ -380,7 +380,7 @@ def rank_spec(
     return {
         "job": job.to_dict(),
         "rank": rank.rank,
-        "session": job.session,
+        "session": job.session_of(rank.rank),
         "store_root": config.store_root_on_nodes,
         "config": config.raw,
         "node_env": dict(node.env),
