@@ -180,6 +180,7 @@ def test_every_listing_prints_json(cluster: Any, tmp_path: Path) -> None:
         "incomplete": [],
         "corrupt": [],
         "lost_jobs": [],
+        "requeued": [],  # queued jobs whose queue entry was never written, put back
         "sync_copies_removed": {"node01": 0, "node02": 0},  # per node that answered
         "jobs_archived": 0,
         "bookings_dropped": 0,  # ended over [defaults] keep_reservations ago

@@ -41,23 +41,36 @@ def claim_intervals(events: Iterable[Event], snap: Optional[Snapshot] = None) ->
     """Each ended claim once (its end event carries since and end), plus the claims held now."""
     intervals: dict[str, Interval] = {}
     for ev in events:
-        if ev.type not in END_EVENTS or not ev.claim_id or ev.since is None:
-            continue
-        if ev.claim_id in intervals:
-            continue  # a claim ends once; a second end record (a race in gc) is not double pay
-        intervals[ev.claim_id] = Interval(
-            ev.claim_id,
-            ev.user,
-            ev.node or "?",
-            len(ev.gpus),
-            ev.since,
-            ev.ts,
-            False,
-            str(ev.extra.get("note") or ""),
-            _job_of(str(ev.extra.get("note") or "")),
-            bool(ev.extra.get("preemptible", False)),
-            event_gpu_weight(ev) / max(1, len(ev.gpus)),
-        )
+        interval = ended_interval(ev)
+        if interval is not None and interval.claim_id not in intervals:
+            # a claim ends once; a second end record (a race in gc) is not double pay
+            intervals[interval.claim_id] = interval
+    return with_held(intervals, snap)
+
+
+def ended_interval(ev: Event) -> Optional[Interval]:
+    """The hold a claim's end event closes; None for any other event."""
+    if ev.type not in END_EVENTS or not ev.claim_id or ev.since is None:
+        return None
+    note = str(ev.extra.get("note") or "")
+    return Interval(
+        ev.claim_id,
+        ev.user,
+        ev.node or "?",
+        len(ev.gpus),
+        ev.since,
+        ev.ts,
+        False,
+        note,
+        _job_of(note),
+        bool(ev.extra.get("preemptible", False)),
+        event_gpu_weight(ev) / max(1, len(ev.gpus)),
+    )
+
+
+def with_held(ended: dict[str, Interval], snap: Optional[Snapshot]) -> list[Interval]:
+    """The ended holds and, from ``snap``, the claims held now, by start."""
+    intervals = dict(ended)
     if snap is not None:
         for cid, status in snap.claims.items():
             if cid in intervals:

@@ -14,7 +14,7 @@ from gpuclaim.core.model import Job, NodeInventory
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FaceState, GpuState
 from gpuclaim.core.usage import usage_view
 from gpuclaim.engine.cluster import ClusterView, GpuRow, build_view, shown_max_age
-from gpuclaim.engine.job_records import load_jobs, observed_state
+from gpuclaim.engine.job_records import observed_state
 from gpuclaim.engine.observe import follow_up_look
 from gpuclaim.engine.service_view import ServiceRow, service_rows
 
@@ -117,7 +117,11 @@ def read_board(
         snap = services.store.snapshot()
         view = ClusterView(rows=[], inventories={}, snapshot=snap, drains=snap.drains)
     usage, refusal = _usage(services, view, fold_usage and bool(answered))
-    jobs = {j.id: j for j in load_jobs(services.store) if j.state in ACTIVE_JOB_STATES}
+    # the jobs holding GPUs (and the services among them): only their records are read
+    holding = sorted({s.claim.job for s in view.snapshot.claims.values() if s.claim.job})
+    jobs = {
+        j.id: j for j in services.store.list_jobs(only_ids=holding) if j.state in ACTIVE_JOB_STATES
+    }
     states = {jid: observed_state(j, view.snapshot.claims) for jid, j in jobs.items()}
     queue = len(services.store.queue_entries())
     pending = tuple(n.name for n in config.nodes if n.name not in samples)

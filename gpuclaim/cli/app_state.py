@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from gpuclaim.cli.console import err
 from gpuclaim.core.identity import current_user
@@ -16,7 +16,7 @@ from gpuclaim.core.identity import current_user
 if TYPE_CHECKING:  # imported when used: `gpuclaim --help` must not pay for them
     from gpuclaim.core.config import Config
     from gpuclaim.engine.cluster import NodeProber
-    from gpuclaim.engine.dispatch import QueueReport
+    from gpuclaim.engine.dispatch import Explained, QueueReport
     from gpuclaim.engine.launch import NodeOps
     from gpuclaim.store import Store
 
@@ -83,9 +83,10 @@ class AppState:
 
         return NodeOps(self.config, self.prober)
 
-    def dispatch_quietly(self, every: bool = False) -> Optional[QueueReport]:
+    def dispatch_quietly(self, every: Union[bool, Explained] = False) -> Optional[QueueReport]:
         """Any gpuclaim call starts queued jobs that now fit: the queue needs no daemon.
-        With ``every``, each queued job is judged (why it waits), for a listing."""
+        With ``every``, each queued job is judged (why it waits), for a listing (with an
+        ``Explained``, the ones it names)."""
         from gpuclaim.core.errors import GpuclaimError, StorageRefusesWrites
 
         try:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from gpuclaim.cli.common import AppState, out, print_json, waiting
 from gpuclaim.core.errors import GpuclaimError, UsageError
-from gpuclaim.core.states import UNSUCCESSFUL_STATES, JobState
+from gpuclaim.core.states import JobState
 
 
 def array_request(
@@ -136,21 +136,13 @@ def grouped_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_array_row(groups[d["_array"]], compact) if "_array" in d else d for d in result]
 
 
-# The state an array's row shows: the first its tasks are in, the worst end first; else done.
-_ARRAY_ROW_ORDER: tuple[str, ...] = (
-    JobState.RUNNING.value,
-    JobState.STARTING.value,
-    JobState.QUEUED.value,
-    *UNSUCCESSFUL_STATES,
-)
-
-
 def _array_row(tasks: list[dict[str, Any]], compact: Any) -> dict[str, Any]:
     array = tasks[0]["array"]
+    from gpuclaim.cli.job_rows import array_row_state, state_text
+
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
-    main = next((s for s in _ARRAY_ROW_ORDER if counts.get(s)), JobState.SUCCEEDED.value)
     indices = tuple(int(t["array"]["index"]) for t in tasks)
     on = (JobState.RUNNING, JobState.STARTING)
     nodes = sorted({n for t in tasks if t["state"] in on for n in t["nodes"]})
@@ -158,8 +150,8 @@ def _array_row(tasks: list[dict[str, Any]], compact: Any) -> dict[str, Any]:
     return {
         **tasks[0],
         "name": f"{array['name']}[{compact(indices)}]",
-        "state": main,
-        "state_text": ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda c: -c[1])),
+        "state": array_row_state(counts),
+        "state_text": state_text(counts),
         "nodes": nodes,
         "gpus": [],
         "exit_code": None,

@@ -16,6 +16,7 @@ from gpuclaim.core.states import JobState
 
 if TYPE_CHECKING:
     from gpuclaim.core.model import Job
+    from gpuclaim.core.priority import QueueEntry
     from gpuclaim.engine.dispatch import QueueReport, Verdict
 
 
@@ -34,8 +35,13 @@ def why(
 
 
 def explain_job(st: AppState, name: str, as_json: bool) -> None:
-    report = st.dispatch_quietly(every=True)
-    job = _queued_job(st, name)
+    from gpuclaim.engine.dispatch import Explained
+
+    found = _queued_job(st, name)
+    report = None
+    if found.state == JobState.QUEUED:  # judged with every job ahead of it, no more
+        report = st.dispatch_quietly(every=Explained(st.user, 0, through=found.id))
+    job = st.store.load_job(job_id=found.id) or found  # the pass may have started it
     verdict = report.verdicts.get(job.id) if report is not None else None
     if job.state != JobState.QUEUED or report is None or verdict is None:
         where = f" on {', '.join(r.node for r in job.ranks)}" if job.ranks else ""
@@ -49,26 +55,53 @@ def explain_job(st: AppState, name: str, as_json: bool) -> None:
 
 
 def _queued_job(st: AppState, name: str) -> Job:
-    """The user's job of that name (its queued array's first waiting task), else anyone's
-    queued job of that name."""
-    from gpuclaim.engine.job_records import find_job, load_jobs
+    """The user's queued job of that name (its queued array's first waiting task), else the
+    user's running one (it is not queued: said so), else anyone's queued job of that name;
+    read from the queue's entries and the records they name, not from every record."""
+    from gpuclaim.core.priority import parse_entry
+    from gpuclaim.engine.job_records import find_job
 
-    try:
-        return find_job(st.store, st.user, name)
-    except GpuclaimError:
-        pass
-    queued = [j for j in load_jobs(st.store) if j.state == JobState.QUEUED]
-    for owners in ([j for j in queued if j.user == st.user], queued):
-        tasks = [j for j in owners if j.array is not None and j.array.name == name]
-        if tasks:
-            return min(tasks, key=lambda j: j.array.index if j.array else 0)
-        named = [j for j in owners if j.name == name]
-        if len(named) == 1:
-            return named[0]
-        if len(named) > 1:
-            users = ", ".join(sorted({j.user for j in named}))
-            raise GpuclaimError(f"{name!r} names queued jobs of {users}: give its id")
-    raise GpuclaimError(f"no queued job {name!r}", hint="see 'gpuclaim jobs'")
+    store = st.store
+    entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]
+    arrays = store.list_arrays()
+    mine = _in_queue(st, name, [e for e in entries if e.user == st.user], arrays)
+    if mine is not None:
+        return mine
+    holding = [c.claim.job for c in store.snapshot().claims.values() if c.claim.user == st.user]
+    running = store.list_jobs(only_ids=sorted({j for j in holding if j}), named=name)
+    if running:
+        return running[-1]
+    anyones = _in_queue(st, name, entries, arrays)
+    # neither: the user's job of that name, to say what it is (or that there is none)
+    return anyones if anyones is not None else find_job(store, st.user, name)
+
+
+def _in_queue(
+    st: AppState, name: str, entries: list[QueueEntry], arrays: list[Any]
+) -> Optional[Job]:
+    """The queued job among ``entries`` that ``name`` names: its id, a task (``sweep[3]``),
+    an array (its first waiting task) or a plain job's name (one only)."""
+    from gpuclaim.core.arrays import split_task_name
+    from gpuclaim.engine.array_records import array_of_task, task_id
+
+    ids = {e.job_id for e in entries}
+    if name in ids:
+        return st.store.load_job(job_id=name)
+    task = split_task_name(name)
+    base, index = task if task is not None else (name, None)
+    for record in arrays:
+        if record["name"] != base:
+            continue
+        waiting = sorted(int(i.rsplit("-", 1)[1]) for i in ids if array_of_task(i) == record["id"])
+        wanted = index if index is not None else (waiting[0] if waiting else None)
+        if wanted is not None and wanted in waiting:
+            return st.store.load_job(job_id=task_id(str(record["id"]), wanted))
+    plain = sorted(i for i in ids if array_of_task(i) is None)
+    named = st.store.list_jobs(only_ids=plain, named=name)
+    if len(named) > 1:
+        users = ", ".join(sorted({j.user for j in named}))
+        raise GpuclaimError(f"{name!r} names queued jobs of {users}: give its id")
+    return named[0] if named else None
 
 
 def _facts(

@@ -32,13 +32,8 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """GPU-hours held, from the event log (and the claims held now)."""
-    from gpuclaim.app.history import (
-        GROUPINGS,
-        booking_usage,
-        claim_intervals,
-        interval_dict,
-        summarize,
-    )
+    from gpuclaim.app.history import GROUPINGS, booking_usage, interval_dict, summarize, with_held
+    from gpuclaim.app.history_sum import read_sum, sum_path
     from gpuclaim.cli.render import claims_history_table, history_table
 
     if by not in GROUPINGS:
@@ -49,8 +44,10 @@ def history(
     store = st.store
     snap = store.snapshot()
     start = _since(since, snap.now)
-    events, bad = store.read_events()
-    intervals = claim_intervals(events, snap)
+    # what it sums: the ends of claims (each carries its start) and of bookings, kept
+    kept = read_sum(store, sum_path(store))
+    intervals = with_held(kept.intervals, snap)
+    events, bad = kept.booking_events(), kept.bad
     if claims:
         chosen = [
             interval_dict(iv)

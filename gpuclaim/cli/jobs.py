@@ -279,9 +279,9 @@ def jobs(
 ) -> None:
     """List jobs: running and queued ones of everyone (queued ones in the order they will
     start, with why they wait), and your recent ones."""
+    from gpuclaim.cli.job_rows import job_row, visible
     from gpuclaim.cli.render import jobs_table
-    from gpuclaim.core.states import ACTIVE_JOB_STATES
-    from gpuclaim.engine.job_records import load_jobs, observed_health, observed_state
+    from gpuclaim.engine.job_records import load_jobs
 
     st = state(ctx, looking=True)
     if explain is not None:
@@ -289,43 +289,64 @@ def jobs(
 
         explain_job(st, explain, as_json)
         return
+    if not (show_all or as_json or tasks):
+        _default_table(st)
+        return
     report = st.dispatch_quietly(every=True)
     verdicts = report.verdicts if report is not None else {}
     store = st.store
     snap = store.snapshot()
     day_ago = snap.now - 86400
-    rows = []
-    for job in load_jobs(store, archived=show_all):
-        visible = (
-            show_all
-            or job.state in ACTIVE_JOB_STATES
-            or (job.user == st.user and (job.ended or job.submitted) >= day_ago)
-        )
-        if not visible:
-            continue
-        d = job.to_dict()
-        d["state"] = observed_state(job, snap.claims)
-        d["health"] = observed_health(job, snap.claims)
-        verdict = verdicts.get(job.id) if job.state == JobState.QUEUED else None
-        d["queue_position"] = verdict.position if verdict else None
-        d["priority"] = round(verdict.priority.value, 1) if verdict else None
-        if verdict is not None:
-            d["reason"] = verdict.reason.line if verdict.reason else ""
-        rows.append(d)
+    rows = [
+        job_row(j, snap, verdicts)
+        for j in load_jobs(store, archived=show_all)
+        if show_all or visible(j, st.user, day_ago)
+    ]
     # the queued ones last, in the order they will start
     rows.sort(key=lambda d: (d["queue_position"] is not None, d["queue_position"] or 0))
-    completion.remember(
-        st.config.path,
-        # the running and queued ones, and the newest others: enough to complete a name
-        replace={"jobs": [completion.job_item(d) for d in _worth_completing(rows)]},
-        add={"users": [(str(d["user"]), "") for d in rows]},
-    )
+    _remember(st, rows)
     if as_json:
         print_json(rows)
     else:
         from gpuclaim.cli.arrays import grouped_rows
 
         out().print(jobs_table(rows if tasks else grouped_rows(rows), snap.now))
+
+
+def _default_table(st: AppState) -> None:
+    """One row an array, the first queued jobs of others (a count for the rest): read from
+    the records it shows, the queue's entries and the arrays' summaries."""
+    from gpuclaim.cli.arrays import grouped_rows
+    from gpuclaim.cli.job_rows import hidden_line, listing_rows
+    from gpuclaim.cli.render import jobs_table
+    from gpuclaim.core.priority import parse_entry
+    from gpuclaim.engine.dispatch import Explained
+    from gpuclaim.engine.job_listing import QUEUED_SHOWN, live_listing
+
+    report = st.dispatch_quietly(every=Explained(st.user, QUEUED_SHOWN))
+    verdicts = report.verdicts if report is not None else {}
+    snap = st.store.snapshot()
+    entries = [e for e in map(parse_entry, st.store.queue_entries()) if e is not None]
+    if verdicts:  # in the order they will start; one started meanwhile is no longer queued
+        entries = sorted(
+            (e for e in entries if e.job_id in verdicts), key=lambda e: verdicts[e.job_id].position
+        )
+    listing = live_listing(st.store, st.user, snap.now - 86400, entries)
+    rows, ended_arrays = listing_rows(st.store, listing, snap, verdicts, st.user)
+    _remember(st, rows + ended_arrays)
+    console = out()
+    console.print(jobs_table(ended_arrays + grouped_rows(rows), snap.now))
+    if listing.hidden_queued:
+        console.print(hidden_line(listing.hidden_queued), style="dim", markup=False)
+
+
+def _remember(st: AppState, rows: list[dict[str, Any]]) -> None:
+    completion.remember(
+        st.config.path,
+        # the running and queued ones, and the newest others: enough to complete a name
+        replace={"jobs": [completion.job_item(d) for d in _worth_completing(rows)]},
+        add={"users": [(str(d["user"]), "") for d in rows]},
+    )
 
 
 COMPLETED_JOBS = 200

@@ -11,7 +11,7 @@ Standard library only: wrappers and keepers dispatch from the nodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Union
 
 from gpuclaim.core.accounts import runs_as
 from gpuclaim.core.booking import Booking
@@ -103,20 +103,55 @@ def judge_queue(
     prober: NodeProber,
     ops: Optional[NodeOps] = None,
     only_node: Optional[str] = None,
-    every: bool = False,
+    every: Union[bool, Explained] = False,
 ) -> QueueReport:
     """One pass over the queue in priority order: what started, and (with ``every``, else as
-    far as the pass needed to look) why each other job waits."""
+    far as the pass needed to look) why each other job waits; with an ``Explained``, why
+    those it names wait (a listing that shows a few of a long queue reads no more)."""
     config = lab_config(config, store)
     if only_node is not None:
         config = config.seen_from(only_node)
     entries = [e for e in map(parse_entry, store.queue_entries()) if e is not None]
     if not entries:
         return QueueReport()
-    one_pass = _Pass(config, store, prober, ops or NodeOps(config, prober), every)
-    for entry in one_pass.ordered(entries):
+    one_pass = _Pass(config, store, prober, ops or NodeOps(config, prober), every is True)
+    order = one_pass.ordered(entries)
+    if isinstance(every, Explained):
+        one_pass.explained = every.among(order)
+    for entry in order:
         one_pass.consider(entry)
     return one_pass.report()
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The queued jobs a listing explains: ``user``'s, each array's first waiting task, and
+    the first ``first`` of the others, in the order they will start; with ``through``, every
+    job up to that one (its expected start counts the time of each job ahead of it)."""
+
+    user: str
+    first: int
+    through: str = ""
+
+    def among(self, order: list[QueueEntry]) -> frozenset[str]:
+        if self.through:
+            ids = [e.job_id for e in order]
+            end = ids.index(self.through) + 1 if self.through in ids else len(ids)
+            return frozenset(ids[:end])
+        chosen: set[str] = set()
+        groups: set[Optional[str]] = {None}
+        others = 0
+        for e in order:
+            group = array_of_task(e.job_id)
+            if (
+                e.user == self.user
+                or group not in groups
+                or (group is None and others < self.first)
+            ):
+                chosen.add(e.job_id)
+                others += e.user != self.user and group is None
+                groups.add(group)
+        return frozenset(chosen)
 
 
 class _Pass:
@@ -131,7 +166,7 @@ class _Pass:
         self.store = store
         self.prober = prober
         self.ops = ops
-        self.every = every
+        self.every, self.explained = every, frozenset[str]()
         self.me = store_account(store)  # the account whose jobs this pass may start
         self.view = build_view(config, store, prober=prober)
         self.now = self.view.snapshot.now
@@ -198,7 +233,7 @@ class _Pass:
         limit = self.config.limits.max_gpus_per_user
         if limit and entry.user and self.held.get(entry.user, 0) >= limit:
             return reasons.user_limit(limit, entry.user, self.held.get(entry.user, 0))
-        if not self.every and self.full:
+        if self.full and not (self.every or entry.job_id in self.explained):
             return None  # nothing can start: the rest is not worth reading
         try:
             job = self._job(entry)

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from gpuclaim.core.errors import GpuclaimError, IllegalTransition
+from gpuclaim.core.errors import GpuclaimError, IllegalTransition, StoreError
 from gpuclaim.core.events import claim_event, job_event
 from gpuclaim.core.model import EventType, Job, JobRank, iso
 from gpuclaim.core.states import (
@@ -73,8 +73,16 @@ def archive_finished(store: Store, jobs: list[Job], minimum: int = 1) -> int:
 
 
 def find_job(store: Store, user: str, name: str, active_only: bool = True) -> Job:
-    """A user's job by name (the newest one) or by id."""
-    matches = _matching(load_jobs(store), user, name)
+    """A user's job by name (the newest one) or by id: only records of that name are parsed
+    (a busy day's thousands of others are skipped by their bytes)."""
+    live = [j for j in store.list_jobs(named=name) if j.user == user]
+    try:
+        by_id = store.load_job(job_id=name)
+    except StoreError:
+        by_id = None
+    if by_id is not None and all(j.id != by_id.id for j in live):
+        live.append(by_id)
+    matches = sorted(live, key=lambda j: (j.submitted, j.array.index if j.array else 0))
     if not matches:  # only an old job has that name: look in the archive
         matches = _matching(load_archived(store), user, name)
     if active_only:

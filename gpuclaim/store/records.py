@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from gpuclaim.core.errors import ConflictError, StoreError
 from gpuclaim.core.model import Job, JobUpdate
-from gpuclaim.core.states import JobState, check_transition
+from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState, check_transition
 from gpuclaim.store.files import (
     _beater,
     _discard,
@@ -50,23 +51,47 @@ class JobRecordsPart(OwnersPart):
             raise StoreError(f"job record {path} is damaged: {exc}") from exc
         return data if isinstance(data, dict) else None
 
-    def list_jobs(self) -> list[Job]:
-        """Every readable job record (a damaged one, or one that is no job, is skipped)."""
+    def list_jobs(
+        self,
+        skip_arrays: Sequence[str] = (),
+        skip_ids: Sequence[str] = (),
+        active_or_of: Optional[str] = None,
+        only_ids: Optional[Sequence[str]] = None,
+        named: Optional[str] = None,
+    ) -> list[Job]:
+        """Every readable job record (a damaged one, or one that is no job, is skipped).
+        ``skip_arrays``: no task of these arrays is read (by file name: ``a-ID-i.json``);
+        ``skip_ids``: nor these jobs; ``only_ids``: only these. ``active_or_of``: only the
+        records that are queued, starting or running, or that name this user; ``named``:
+        only the jobs of this name. A listing then parses no other record."""
         result: list[dict[str, Any]] = []
         folder = str(self._p("jobs"))
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return []
+        if only_ids is not None:
+            names = [f"{_safe(i)}.json" for i in only_ids]
+        else:
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                return []
+        prefixes = tuple(f"{_safe(a)}-" for a in skip_arrays)
+        skipped = {f"{_safe(i)}.json" for i in skip_ids}
+        wanted = _wanted_bytes(active_or_of)
+        name_bytes = json.dumps(named, ensure_ascii=True).encode() if named is not None else b""
         for name in names:
-            if not name.endswith(".json"):
+            if not name.endswith(".json") or name in skipped or name.startswith(prefixes):
                 continue
             try:  # plain paths: pathlib's own cost was a sixth of this at 10,000 records
                 with open(os.path.join(folder, name), "rb") as fh:
-                    data = json.loads(fh.read().decode("utf-8"))
+                    raw = fh.read()
+                # bytes first: a record that holds none of the words cannot be one asked for
+                if (wanted and not any(w in raw for w in wanted)) or name_bytes not in raw:
+                    continue
+                data = json.loads(raw.decode("utf-8"))
             except (OSError, ValueError, UnicodeDecodeError):
                 continue
-            if isinstance(data, dict):
+            if not isinstance(data, dict) or (named is not None and data.get("name") != named):
+                continue
+            if not wanted or _active_or_of(data, active_or_of):
                 result.append(data)
         return parsed_jobs(result)
 
@@ -150,3 +175,15 @@ def parsed_jobs(records: list[dict[str, Any]]) -> list[Job]:
         except UNPARSED:
             continue
     return jobs
+
+
+def _wanted_bytes(user: Optional[str]) -> tuple[bytes, ...]:
+    """The JSON strings one of which a record asked for by ``active_or_of`` must hold."""
+    if user is None:
+        return ()
+    words = [json.dumps(w, ensure_ascii=True).encode() for w in (*ACTIVE_JOB_STATES, user)]
+    return tuple(words)
+
+
+def _active_or_of(data: dict[str, Any], user: Optional[str]) -> bool:
+    return data.get("state") in ACTIVE_JOB_STATES or data.get("user") == user
