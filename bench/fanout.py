@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +86,20 @@ def run(argv: list[str], env: dict[str, str], lines: int) -> None:
     got = len(proc.stdout.strip().splitlines())
     if lines and got < lines:
         raise SystemExit(f"{argv[:3]}: expected {lines} lines, got {got}")
+
+
+def _end_agents(tb: Testbed, node: str) -> None:
+    """Every gpuclaim agent of this testbed node (serve, serve-detached, an install's
+    serve-and), by pid: the node's processes as the testbed knows them, never by a name
+    that other people's agents on this machine could match."""
+    for pid in tb.node_processes(node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"/agent-" in argv and b"serve" in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def bench_n(
@@ -150,13 +166,9 @@ def bench_n(
             """Every node's agents gone and its gpuclaim cache removed; no masters."""
             for node in tb.nodes:
                 subprocess.run(["ssh", *ctl, "-O", "exit", node], capture_output=True)
-                # every agent (serve, serve-detached, an install's serve-and); [s]: not
-                # this command's own shell
-                kill = (
-                    'rm -rf "$HOME/.cache/gpuclaim";'
-                    " pkill -f 'gpuclaim/agent-[0-9a-f.-]*.* [s]erve'"
-                )
-                subprocess.run(["ssh", "-F", str(cfg), node, kill], capture_output=True)
+                _end_agents(tb, node)
+                remove = 'rm -rf "$HOME/.cache/gpuclaim"'
+                subprocess.run(["ssh", "-F", str(cfg), node, remove], capture_output=True)
             shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)
 
         # pdsh and the first call take turns, so that a noisy machine's drift falls on both

@@ -32,6 +32,9 @@ class HistorySum:
     bookings: list[dict[str, Any]] = field(default_factory=list)
     bad: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # by log: bytes read (whole lines)
+    # logs that end in a line with no end yet: one being written, or torn by a crash. Not
+    # kept (read again next time), but said: a torn one stays so, and is damage to report
+    unfinished: int = 0
 
     def booking_events(self) -> list[Event]:
         return [Event.from_dict(d) for d in self.bookings]
@@ -57,6 +60,7 @@ def read_sum(store: Store, path: Optional[Path]) -> HistorySum:
             return read_sum(store, None) if path is None else _rebuild(store, path)
         new = text[1:] if offset else text
         end = new.rfind("\n") + 1  # a last line still being written waits for the next read
+        kept.unfinished += bool(new[end:].strip())
         if end:
             _fold(kept, new[:end].encode("latin-1"))
             kept.offsets[name] = offset + end

@@ -143,18 +143,18 @@ class AppState:
         from gpuclaim.core.states import JobState
 
         try:
-            entries = self.store.queue_entries()
-            if not entries:
-                return
-            me = Account.from_dict(self.store.whoami())
             from gpuclaim.core.priority import parse_entry
+
+            entries = [e for e in map(parse_entry, self.store.queue_entries()) if e is not None]
+            # another person's are skipped by the name their entry holds, without the record
+            entries = [e for e in entries if e.user in (None, self.user)]
+            if not entries:
+                return  # none of ours: a busy day's queue of others costs nothing more
+            me = Account.from_dict(self.store.whoami())
             from gpuclaim.engine.launch import NodeOps, keeper_spec, nodes_for
 
             wanted: set[str] = set()
-            for name in entries:
-                entry = parse_entry(name)
-                if entry is None or entry.user not in (None, self.user):
-                    continue  # another person's (their name, read without the record)
+            for entry in entries:
                 if len(wanted) == len(self.config.nodes):
                     break  # every node wanted already: no more records to read
                 job = self.store.load_job(job_id=entry.job_id)

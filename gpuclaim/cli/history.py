@@ -47,7 +47,7 @@ def history(
     # what it sums: the ends of claims (each carries its start) and of bookings, kept
     kept = read_sum(store, sum_path(store))
     intervals = with_held(kept.intervals, snap)
-    events, bad = kept.booking_events(), kept.bad
+    events, bad = kept.booking_events(), kept.bad + kept.unfinished
     if claims:
         chosen = [
             interval_dict(iv)
