@@ -57,8 +57,12 @@ def entry_name(submitted: float, job_id: str, user: str, nice: int, begin: float
     return f"{submitted:017.6f}-{job_id}+{user}+{nice}+{math.ceil(begin)}"
 
 
+@functools.lru_cache(
+    maxsize=65536
+)  # a look parses the queue up to three times (pass, list, keepers)
 def parse_entry(name: str) -> Optional[QueueEntry]:
-    """The entry a file name in the queue directory is; None for a name that is none."""
+    """The entry a file name in the queue directory is; None for a name that is none (its
+    entries are frozen: one parsed once is shared)."""
     m = _entry().match(name)
     if m is None:
         return None
