@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import socket
 
 from gpuclaim.core.errors import UsageError
 
@@ -41,7 +40,8 @@ def validate_name(value: str, what: str) -> str:
 
 
 def this_host() -> str:
-    return socket.gethostname().split(".")[0] or "localhost"
+    # uname's nodename is what gethostname() returns, without importing socket at start
+    return os.uname().nodename.split(".")[0] or "localhost"
 
 
 NOTE_LIMIT = 200

@@ -16,7 +16,7 @@ from gpuclaim.core.errors import ConfigError, UsageError
 ENFORCE_MODES = ("flag", "kill")
 # Sizes as Kubernetes and Docker spell them: G is 10^9 bytes, Gi 2^30 (a bare number is MiB,
 # as nvidia-smi counts). So four --gpu-mem 20G fit an "80 GB" GPU, whose 81559 MiB are 85.5G.
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(I?)B?)?\s*$", re.IGNORECASE)
+_SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(I?)B?)?\s*$"
 _POWER = {"K": 1, "M": 2, "G": 3, "T": 4}
 MIB = 1 << 20
 
@@ -45,7 +45,7 @@ def parse_share_policy(table: dict[str, Any]) -> SharePolicy:
 
 def parse_gpu_mem(text: str) -> int:
     """``20G`` (10^9 bytes) -> 19074 MiB, ``20Gi`` -> 20480, ``512Mi`` -> 512, ``900`` -> 900."""
-    m = _SIZE.match(text)
+    m = re.match(_SIZE_PATTERN, text, re.IGNORECASE)  # compiled on first use (re's cache)
     if not m:
         raise UsageError(f"--gpu-mem wants a size such as 20G, 20Gi or 512Mi (got {text!r})")
     number, unit, binary = float(m.group(1)), (m.group(2) or "").upper(), bool(m.group(3))

@@ -16,7 +16,6 @@ Nothing of the faces, the wiring, SSH or the SLURM export goes along.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import marshal
@@ -136,6 +135,8 @@ def agent_version() -> str:
 
 
 def _hashed_version() -> str:
+    import hashlib  # here: a first call that finds its memo never loads OpenSSL's
+
     digest = hashlib.sha256()
     for name, data in _bundle_files():
         digest.update(name.encode() + b"\0" + data + b"\0")
@@ -145,8 +146,9 @@ def _hashed_version() -> str:
 def _sources_stamp() -> str:
     """What changes whenever a file the bundle could hold does: the path, inode, size and
     mtime of every source in the package and of the vendored pynvml (an edit, a reinstall,
-    a checkout all change one), and this gpuclaim's version."""
-    digest = hashlib.sha256(f"{__version__}\0{PACKAGE_DIR}\0".encode())
+    a checkout all change one), and this gpuclaim's version. Kept whole (some 30 KB), not
+    hashed: compared as it is, it needs no hashlib before the first contacts are spawned."""
+    parts = [f"{__version__}\0{PACKAGE_DIR}"]
     folders = [str(PACKAGE_DIR)]
     while folders:
         with os.scandir(folders.pop()) as entries:
@@ -155,14 +157,12 @@ def _sources_stamp() -> str:
                     folders.append(entry.path)
                 elif entry.name.endswith(".py"):
                     st = entry.stat()
-                    digest.update(
-                        f"{entry.path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
-                    )
+                    parts.append(f"{entry.path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}")
     nvml = vendored_nvml()
     if nvml is not None:
         st = nvml.stat()
-        digest.update(f"{nvml}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-    return digest.hexdigest()
+        parts.append(f"{nvml}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}")
+    return "\n".join(parts)
 
 
 def _bytecode(name: str, source: bytes) -> tuple[str, bytes] | None:
@@ -224,6 +224,8 @@ def install_input(request: bytes) -> Path:
         # named by all it holds: the installer is not in the bundle's version (a checkout
         # whose remote/install.py changed would go on sending the old one)
         data = request.rstrip(b"\n") + b"\n" + install.install_stdin(blob)
+        import hashlib
+
         digest = hashlib.sha1(data).hexdigest()[:12]
         path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
         if not path.exists():
