@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -13,6 +12,7 @@ from gpuclaim.core.config import Config, Limits, NodeConfig
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.fanout import Outcome, fan_out
 from gpuclaim.core.inventory import gpu_label
+from gpuclaim.core.lazylog import get_logger
 from gpuclaim.core.liveness import wrapper_gone
 from gpuclaim.core.model import Claim, Gpu, GpuProcess, NodeInventory, iso
 from gpuclaim.core.protocol import probe_request
@@ -25,7 +25,7 @@ from gpuclaim.store import ClaimStatus, Snapshot, Store
 if TYPE_CHECKING:
     from gpuclaim.engine.channel import Channels
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)  # logging imported on first use
 
 
 @dataclass(frozen=True)

@@ -246,6 +246,10 @@ def _main(argv: Optional[list[str]]) -> int:
     debug = "--debug" in ours or os.environ.get("GPUCLAIM_DEBUG") == "1"
     _quiet_libraries(debug)
     _first_contacts(ours)
+    if not debug:  # after the first contacts: nothing logs before, and logging costs ~4 ms
+        import logging
+
+        logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" on stderr
     from gpuclaim.entry.fast import fast_command
 
     fast = fast_command(args)  # `status` without typer's start; None: the typer app
@@ -305,13 +309,13 @@ def _quiet_libraries(debug: bool) -> None:
     """What libraries say on their own (paramiko's transport thread logs a traceback for a
     node that never sends its banner, cryptography warns about ciphers) is not for the user's
     terminal: gpuclaim reports the outcome itself, in its own line. ``--debug`` shows it all."""
-    import logging
     import threading
 
     if debug:
+        import logging
+
         logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(name)s: %(message)s")
         return
-    logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" stderr handler
     warnings.simplefilter("ignore")
     threading.excepthook = lambda _args: None  # a library's worker thread dying: not ours
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from gpuclaim.core.errors import UnreachableError, error_from_wire
+from gpuclaim.core.lazylog import get_logger
 from gpuclaim.remote import install
 from gpuclaim.remote.bundle import agent_bundle, agent_version, bytecode_tag
 from gpuclaim.remote.ssh import CommandResult
@@ -14,7 +14,7 @@ from gpuclaim.remote.ssh import CommandResult
 if TYPE_CHECKING:
     from gpuclaim.remote.warm import WarmAgents
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)  # logging imported on first use
 
 
 class CommandRunner(Protocol):

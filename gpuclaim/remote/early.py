@@ -17,16 +17,16 @@ its master stays, for the next call.
 from __future__ import annotations
 
 import atexit
-import logging
 import subprocess
 from collections.abc import Iterable
 
 from gpuclaim.core.config import Config
+from gpuclaim.core.lazylog import get_logger
 from gpuclaim.remote.openssh import OpenSshPool, register_early, take_all_early
 from gpuclaim.remote.session import ssh_client_of
 from gpuclaim.remote.ssh import config_for_ssh_binary
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)  # logging imported on first use
 
 
 def start_first_contacts(config: Config, names: Iterable[str]) -> int:

@@ -9,7 +9,6 @@ Include and everything else are ssh's own handling of your ssh config.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import selectors
 import shlex
@@ -22,12 +21,13 @@ from pathlib import Path
 from typing import IO, Optional
 
 from gpuclaim.core.errors import UnreachableError
+from gpuclaim.core.lazylog import get_logger
 from gpuclaim.core.paths import socket_dir
 from gpuclaim.remote.ssh import CommandResult
 from gpuclaim.remote.ssh_messages import describe_ssh_failure
 
 PERSIST = "10m"
-log = logging.getLogger(__name__)
+log = get_logger(__name__)  # logging imported on first use
 
 
 # The longest socket name made in the control directory: ``%C`` (a SHA-1, 40 hex digits)

@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import hashlib
 import json
-import logging
 import socket
 import subprocess
 import threading
@@ -33,12 +32,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuclaim.core.errors import AnswerLostError, UnreachableError
+from gpuclaim.core.lazylog import get_logger
 from gpuclaim.core.paths import private_dir
 from gpuclaim.remote import bundle, install
 from gpuclaim.remote.openssh import OpenSshPool
 from gpuclaim.remote.shell_look import look_command, parse_look
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)  # logging imported on first use
 
 OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for this long
 
