@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuclaim.app.history import BOOKING_END_EVENTS, END_EVENTS, Interval, ended_interval
+from gpuclaim.core.errors import GpuclaimError
 from gpuclaim.core.model import Event
 from gpuclaim.store import Store
 
@@ -37,7 +38,8 @@ class HistorySum:
     unfinished: int = 0
 
     def booking_events(self) -> list[Event]:
-        return [Event.from_dict(d) for d in self.bookings]
+        """In time order, as ``read_events`` gives them (the first end of each is counted)."""
+        return sorted((Event.from_dict(d) for d in self.bookings), key=lambda e: e.ts)
 
 
 def sum_path(store: Store) -> Optional[Path]:
@@ -52,12 +54,19 @@ def sum_path(store: Store) -> Optional[Path]:
 def read_sum(store: Store, path: Optional[Path]) -> HistorySum:
     """The kept sum brought up to date with every log (kept again when it grew)."""
     kept = _load(path) if path is not None else HistorySum()
+    names = store.event_logs()
+    if path is not None and set(kept.offsets) - set(names):
+        return _rebuild(store, path)  # a log it summed is gone: sum what there is now
     grew = False
-    for name in store.event_logs():
+    for name in names:
         offset = kept.offsets.get(name, 0)
-        text = store.read_event_log(name=name, offset=max(0, offset - 1))
+        try:
+            text = store.read_event_log(name=name, offset=max(0, offset - 1))
+        except (GpuclaimError, OSError):
+            kept.unfinished += 1  # unreadable now (gone, no permission): said, read next time
+            continue
         if offset and not text.startswith("\n"):  # replaced, not appended to: from the start
-            return read_sum(store, None) if path is None else _rebuild(store, path)
+            return _rebuild(store, path) if path is not None else kept
         new = text[1:] if offset else text
         end = new.rfind("\n") + 1  # a last line still being written waits for the next read
         kept.unfinished += bool(new[end:].strip())
@@ -97,8 +106,11 @@ def _fold(kept: HistorySum, data: bytes) -> None:
             kept.bookings.append(d)
             continue
         interval = ended_interval(event) if event.type in END_EVENTS else None
-        if interval is not None and interval.claim_id not in kept.intervals:
-            kept.intervals[interval.claim_id] = interval  # a claim ends once (gc races)
+        if interval is None:
+            continue
+        known = kept.intervals.get(interval.claim_id)
+        if known is None or interval.end < known.end:  # a claim ends once: its first end
+            kept.intervals[interval.claim_id] = interval  # (a second: a race in gc)
 
 
 def _load(path: Path) -> HistorySum:

@@ -82,7 +82,7 @@ def _in_queue(
     """The queued job among ``entries`` that ``name`` names: its id, a task (``sweep[3]``),
     an array (its first waiting task) or a plain job's name (one only)."""
     from gpuclaim.core.arrays import split_task_name
-    from gpuclaim.engine.array_records import array_of_task, task_id
+    from gpuclaim.engine.array_records import array_of_task, task_index
 
     ids = {e.job_id for e in entries}
     if name in ids:
@@ -92,10 +92,15 @@ def _in_queue(
     for record in arrays:
         if record["name"] != base:
             continue
-        waiting = sorted(int(i.rsplit("-", 1)[1]) for i in ids if array_of_task(i) == record["id"])
-        wanted = index if index is not None else (waiting[0] if waiting else None)
+        # by index, the queued id: the task's own, or its rerun's ('a-1f2e-7r1')
+        waiting: dict[int, str] = {}
+        for job_id in ids:
+            at = task_index(job_id) if array_of_task(job_id) == record["id"] else None
+            if at is not None:
+                waiting[at] = job_id
+        wanted = index if index is not None else min(waiting, default=None)
         if wanted is not None and wanted in waiting:
-            return st.store.load_job(job_id=task_id(str(record["id"]), wanted))
+            return st.store.load_job(job_id=waiting[wanted])
     plain = sorted(i for i in ids if array_of_task(i) is None)
     named = st.store.list_jobs(only_ids=plain, named=name)
     if len(named) > 1:

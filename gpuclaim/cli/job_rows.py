@@ -8,6 +8,7 @@ from typing import Any, Optional
 from gpuclaim.core.arrays import compact, task_name
 from gpuclaim.core.model import Job
 from gpuclaim.core.states import ACTIVE_JOB_STATES, JobState
+from gpuclaim.engine.array_records import task_index
 from gpuclaim.engine.dispatch import Verdict
 from gpuclaim.engine.job_listing import Listing
 from gpuclaim.store import Snapshot, Store
@@ -47,12 +48,16 @@ def listing_rows(
         like = _a_task_of(store, rows, array_id, ids)
         if like is None:
             continue
+        # what every task of the array shares; nothing of one run (its restarts, its rerun)
+        shared = {k: like.get(k) for k in _ARRAY_WIDE}
         for job_id in ids:
-            index = int(job_id.rsplit("-", 1)[1])
+            index = task_index(job_id)
+            if index is None:
+                continue
             verdict = verdicts.get(job_id)
             rows.append(
                 {
-                    **like,
+                    **shared,
                     "id": job_id,
                     "name": task_name(like["array"]["name"], index),
                     "array": {**like["array"], "index": index},
@@ -68,6 +73,22 @@ def listing_rows(
             )
     rows.sort(key=lambda d: (d["queue_position"] is not None, d["queue_position"] or 0))
     return rows, [ended_array_row(a, _first_task(store, a)) for a in listing.ended_arrays]
+
+
+# The fields of a task's row that every task of its array has alike (job.to_dict's keys).
+_ARRAY_WIDE = (
+    "user",
+    "argv",
+    "gpus_per_node",
+    "nodes_wanted",
+    "pinned_node",
+    "time_limit_s",
+    "submitted",
+    "array",
+    "preemptible",
+    "nice",
+    "kind",
+)
 
 
 def _a_task_of(

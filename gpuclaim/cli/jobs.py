@@ -327,6 +327,7 @@ def _default_table(st: AppState) -> None:
     verdicts = report.verdicts if report is not None else {}
     snap = st.store.snapshot()
     entries = [e for e in map(parse_entry, st.store.queue_entries()) if e is not None]
+    entries = list({e.job_id: e for e in entries}.values())  # one per job (gc may add a second)
     if verdicts:  # in the order they will start; one started meanwhile is no longer queued
         entries = sorted(
             (e for e in entries if e.job_id in verdicts), key=lambda e: verdicts[e.job_id].position

@@ -48,6 +48,15 @@ def array_of_task(job_id: str) -> Optional[str]:
     return job_id.rsplit("-", 1)[0]
 
 
+def task_index(job_id: str) -> Optional[int]:
+    """The index of an array's task from its id ('a-1f2e-7' and its rerun 'a-1f2e-7r1' -> 7);
+    None for a plain job."""
+    if array_of_task(job_id) is None:
+        return None
+    index = job_id.rsplit("-", 1)[1].split("r", 1)[0]
+    return int(index) if index.isdigit() else None
+
+
 def note_task_start(store: Store, job: Job) -> None:
     """A task started: the array's first start is its one 'started' message."""
     array = job.array

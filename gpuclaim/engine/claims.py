@@ -417,8 +417,9 @@ def collect_garbage(
         if store.quarantine_corrupt(cf):
             report.corrupt.append(cf.uuid)
     report.swept = store.sweep()  # taken entries of dead dispatchers back first, then:
+    in_queue = set(store.queued_job_ids())  # before the records (see requeue_orphans)
     jobs = load_jobs(store)
-    report.requeued = requeue_orphans(store, jobs)
+    report.requeued = requeue_orphans(store, jobs, in_queue)
     report.lost_jobs = _finish_lost_jobs(store, snap, jobs)
     return report
 

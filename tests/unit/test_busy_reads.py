@@ -121,3 +121,82 @@ def test_read_events_of_some_types_equals_the_filtered_whole(tmp_path):
     some, bad_some = store.read_events(types=[EventType.RELEASE])
     assert some == [e for e in events if e.type == EventType.RELEASE] and len(some) == 1
     assert bad == bad_some == 0
+
+
+def test_a_requeued_tasks_rerun_is_a_queued_row_of_its_array(tmp_path):
+    """A preempted --requeue task waits as 'a-ID-1r1': the default table counts it under its
+    array (and takes nothing of the preempted run, such as its requeued_as)."""
+    from gpuclaim.cli.arrays import grouped_rows
+    from gpuclaim.cli.job_rows import listing_rows
+    from gpuclaim.engine.array_records import task_index
+    from gpuclaim.engine.job_listing import live_listing
+
+    assert (task_index("a-aa-1r1"), task_index("a-aa-12"), task_index("j-1")) == (1, 12, None)
+    store = new_store(tmp_path)
+    store.create_array(
+        array={"id": "a-aa", "name": "sweep", "user": "ann", "indices": [0, 1], "count": 2}
+    )
+    ref = ArrayRef("a-aa", "sweep", 0, 2, None)
+    add_job(store, "a-aa-0", name="sweep[0]", user="ann", state="running", array=ref)
+    preempted = add_job(store, "a-aa-1", name="sweep[1]", user="ann", state="killed", array=ref)
+    store.update_job(job_id=preempted.id, changes={"requeued_as": "a-aa-1r1"})
+    rerun = ArrayRef("a-aa", "sweep", 1, 2, None)
+    add_job(store, "a-aa-1r1", name="sweep[1]", user="ann", state="queued", array=rerun)
+    store.enqueue(job_id="a-aa-1r1", user="ann")
+    queue = [parse_entry(n) for n in store.queue_entries()]
+    listing = live_listing(store, "ann", time.time() - 86400, queue)
+    rows, ended = listing_rows(store, listing, store.snapshot(), {}, "ann")
+    assert ended == []
+    (synth,) = [r for r in rows if r["id"] == "a-aa-1r1"]
+    assert synth["name"] == "sweep[1]" and synth["state"] == "queued"
+    assert "requeued_as" not in synth
+    (row,) = grouped_rows(rows)
+    assert row["name"] == "sweep[0-1]" and row["state_text"] == "1 running, 1 queued", row
+
+
+def test_the_kept_sum_reads_each_line_once_and_keeps_a_claims_first_end(tmp_path):
+    store = new_store(tmp_path)
+    now = time.time()
+    claim = hold(store, "node0", [("GPU-a", 0)], user="ann", since=now - 600)
+    store.append_event(claim_event(EventType.RELEASE, claim, now - 300))
+    path = tmp_path / "sum.json"
+    assert abs(read_sum(store, path).intervals[claim.id].end - (now - 300)) < 0.01
+    (log,) = (store.root / "events").glob("*.jsonl")
+    summed = log.read_bytes()
+    # what was summed is not read again: a line damaged in place since changes nothing
+    log.write_bytes(summed[:-2].replace(b'"release"', b'"reXease"') + b"}\n")
+    assert read_sum(store, path).bad == 0
+    # a second end of the same claim (a race in gc) later: the first end stays
+    store.append_event(claim_event(EventType.REAP, claim, now - 100))
+    assert abs(read_sum(store, path).intervals[claim.id].end - (now - 300)) < 0.01
+
+
+def test_a_log_gone_from_the_store_leaves_the_sum(tmp_path):
+    store = new_store(tmp_path)
+    now = time.time()
+    _release(store, "ann", "node0", "GPU-a", now - 7200, now - 3600)
+    path = tmp_path / "sum.json"
+    assert len(read_sum(store, path).intervals) == 1
+    for log in (store.root / "events").glob("*.jsonl"):
+        log.unlink()
+    assert read_sum(store, path).intervals == {}
+
+
+def test_why_finds_a_requeued_tasks_rerun_by_the_arrays_name_and_by_its_index(tmp_path):
+    from types import SimpleNamespace
+
+    from gpuclaim.cli.explain import _in_queue
+
+    store = new_store(tmp_path)
+    store.create_array(
+        array={"id": "a-aa", "name": "sweep", "user": "ann", "indices": [0, 1], "count": 2}
+    )
+    add_job(store, "a-aa-1", name="sweep[1]", user="ann", state="killed")
+    add_job(store, "a-aa-1r1", name="sweep[1]", user="ann", state="queued")
+    store.enqueue(job_id="a-aa-1r1", user="ann")
+    queue = [parse_entry(n) for n in store.queue_entries()]
+    st = SimpleNamespace(store=store)
+    arrays = store.list_arrays()
+    assert _in_queue(st, "sweep", queue, arrays).id == "a-aa-1r1"
+    assert _in_queue(st, "sweep[1]", queue, arrays).id == "a-aa-1r1"
+    assert _in_queue(st, "sweep[0]", queue, arrays) is None
