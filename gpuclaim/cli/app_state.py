@@ -147,7 +147,8 @@ class AppState:
 
             entries = [e for e in map(parse_entry, self.store.queue_entries()) if e is not None]
             # another person's are skipped by the name their entry holds, without the record
-            entries = [e for e in entries if e.user in (None, self.user)]
+            mine = (None, self.user)  # once: the property validates the name each time
+            entries = [e for e in entries if e.user in mine]
             if not entries:
                 return  # none of ours: a busy day's queue of others costs nothing more
             me = Account.from_dict(self.store.whoami())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -84,7 +85,7 @@ class JobRecordsPart(OwnersPart):
                 with open(os.path.join(folder, name), "rb") as fh:
                     raw = fh.read()
                 # bytes first: a record that holds none of the words cannot be one asked for
-                if (wanted and not any(w in raw for w in wanted)) or name_bytes not in raw:
+                if (wanted and not wanted.search(raw)) or name_bytes not in raw:
                     continue
                 data = json.loads(raw.decode("utf-8"))
             except (OSError, ValueError, UnicodeDecodeError):
@@ -177,12 +178,13 @@ def parsed_jobs(records: list[dict[str, Any]]) -> list[Job]:
     return jobs
 
 
-def _wanted_bytes(user: Optional[str]) -> tuple[bytes, ...]:
-    """The JSON strings one of which a record asked for by ``active_or_of`` must hold."""
+def _wanted_bytes(user: Optional[str]) -> Optional[re.Pattern[bytes]]:
+    """The JSON strings one of which a record asked for by ``active_or_of`` must hold, as one
+    pattern (one search per record, in C)."""
     if user is None:
-        return ()
+        return None
     words = [json.dumps(w, ensure_ascii=True).encode() for w in (*ACTIVE_JOB_STATES, user)]
-    return tuple(words)
+    return re.compile(b"|".join(re.escape(w) for w in words))
 
 
 def _active_or_of(data: dict[str, Any], user: Optional[str]) -> bool:
