@@ -27,7 +27,6 @@ class Listing:
     ended_arrays: list[ArrayRecord]  # the viewer's arrays that ended within the day
     # an array that has not ended: its queued tasks (job ids), by array id, unread
     queued_tasks: dict[str, list[str]] = field(default_factory=dict)
-    arrays: dict[str, ArrayRecord] = field(default_factory=dict)
     hidden_queued: dict[str, int] = field(default_factory=dict)  # by user: not shown
 
 
@@ -52,7 +51,6 @@ def live_listing(store: Store, user: str, since: float, queue: list[QueueEntry])
         jobs=sorted(jobs, key=lambda j: (j.submitted, j.array.index if j.array else 0)),
         ended_arrays=[arrays[i] for i in ended if _ended_since(arrays[i], user, since)],
         queued_tasks=queued_tasks,
-        arrays=arrays,
         hidden_queued=hidden,
     )
 
