@@ -80,3 +80,16 @@ def test_history_kept_sum_agrees_with_reading_every_log_again(make_cluster):
     assert rows["bob"]["claims"] == 2 and {r["user"]: r for r in first}["bob"]["claims"] == 1
     assert cluster.json("history", "--claims") == cluster.json("history", "--claims")
     assert len(cluster.json("history", "--claims")) == 4
+
+
+def test_a_name_is_taken_while_its_job_or_array_runs_and_free_after(make_cluster):
+    """run's name check reads only the records of that name and the arrays' records."""
+    cluster = make_cluster({"node01": 1}, fast=True)
+    cluster.ok("run", "--array", "0-1", "--name", "grid", "--", "sleep", "2")
+    taken = cluster.cli("run", "--name", "grid", "--", "true")
+    assert taken.returncode == 5 and "already have a job named 'grid'" in taken.stderr
+    bob = cluster.cli("run", "--queue", "--name", "grid", "--", "true", user="bob")
+    assert bob.returncode == 0, bob.stderr  # a name is taken for its own user only
+    _wait_ended(cluster, 3)
+    again = cluster.cli("run", "--name", "grid", "--", "true")
+    assert again.returncode == 0, again.stderr

@@ -12,7 +12,7 @@ from gpuclaim.core.model import Job, parse_iso
 from gpuclaim.core.priority import QueueEntry
 from gpuclaim.core.records import ArrayRecord
 from gpuclaim.engine.array_records import array_of_task
-from gpuclaim.engine.job_records import archive_finished
+from gpuclaim.engine.job_records import archive_daily, archive_finished
 from gpuclaim.store import Store
 
 # Other people's queued jobs shown by name, in the order they will start; the rest counted.
@@ -46,6 +46,7 @@ def live_listing(store: Store, user: str, since: float, queue: list[QueueEntry])
     unread = [e.job_id for e in queue]
     jobs = store.list_jobs(skip_arrays=ended, skip_ids=unread, active_or_of=user)
     archive_finished(store, jobs)  # a look moves what is a day old, as load_jobs does
+    archive_daily(store)  # and once a day, what no look read
     jobs += _read(store, shown)
     return Listing(
         jobs=sorted(jobs, key=lambda j: (j.submitted, j.array.index if j.array else 0)),

@@ -53,6 +53,19 @@ def load_archived(store: Store) -> list[Job]:
     return sorted(store.archived_jobs(), key=lambda j: j.submitted)
 
 
+def archive_daily(store: Store) -> int:
+    """Once a day (UTC), the first look of anyone reads every live record and archives what
+    ended a day ago: the looks that read only what they show (``jobs``, ``run``'s name check)
+    leave most records unread, and the live directory must not grow with the history."""
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    try:
+        if not store.mark_once(key=f"archive-{day}"):
+            return 0
+    except GpuclaimError:
+        return 0  # a store that refuses writes: nothing is moved, the look goes on
+    return archive_finished(store, store.list_jobs())
+
+
 def archive_finished(store: Store, jobs: list[Job], minimum: int = 1) -> int:
     """Move the records of ``jobs`` that ended over ARCHIVE_AFTER_S ago to the archive, if
     there are at least ``minimum``; a task only once its array's summary is written (the

@@ -27,6 +27,7 @@ from gpuclaim.core.events import job_event
 from gpuclaim.core.identity import validate_name
 from gpuclaim.core.model import EventType, Job, JobKind, iso
 from gpuclaim.core.priority import MAX_NICE, parse_entry
+from gpuclaim.core.records import ArrayRecord
 from gpuclaim.core.service import ServiceSpec
 from gpuclaim.core.share_policy import checked_share
 from gpuclaim.core.states import ACTIVE_JOB_STATES, FINAL_STATES, JobState
@@ -36,6 +37,7 @@ from gpuclaim.engine.claims import release_claims
 from gpuclaim.engine.cluster import ClusterView, NodeProber, build_view
 from gpuclaim.engine.depends import resolve_after
 from gpuclaim.engine.job_records import (
+    archive_daily,
     find_job,
     finish_rank,
     load_jobs,
@@ -109,17 +111,30 @@ def default_name(argv: Sequence[str]) -> str:
     return f"{base or 'job'}-{uuid.uuid4().hex[:4]}"
 
 
+def _array_active(store: Store, record: ArrayRecord) -> bool:
+    """An array not yet summed up, with a task (its latest run) still queued or running."""
+    if record.get("result") is not None:
+        return False
+    from gpuclaim.engine.array_records import array_tasks, latest_run
+
+    return any(latest_run(store, t).state in ACTIVE_JOB_STATES for t in array_tasks(store, record))
+
+
 def checked_name(store: Store, req: RunRequest) -> str:
     """The job's (or array's) name: valid, and not one of the user's running or queued jobs
     or arrays (NameInUseError, exit 5)."""
     name = validate_name(req.name or default_name(req.argv), "job name")
-    for j in load_jobs(store):
-        if j.user != req.user or j.state not in ACTIVE_JOB_STATES:
-            continue
-        if j.name == name or (j.array is not None and j.array.name == name):
-            raise NameInUseError(
-                f"you already have a job named {name!r}", hint="pick another --name"
-            )
+    # the records of that name and the arrays' records: not a busy day's every record
+    taken = any(
+        j.user == req.user and j.state in ACTIVE_JOB_STATES for j in store.list_jobs(named=name)
+    )
+    taken = taken or any(
+        a["user"] == req.user and a["name"] == name and _array_active(store, a)
+        for a in store.list_arrays()
+    )
+    archive_daily(store)  # what load_jobs did here on the way, once a day now
+    if taken:
+        raise NameInUseError(f"you already have a job named {name!r}", hint="pick another --name")
     return name
 
 

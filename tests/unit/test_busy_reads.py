@@ -200,3 +200,18 @@ def test_why_finds_a_requeued_tasks_rerun_by_the_arrays_name_and_by_its_index(tm
     assert _in_queue(st, "sweep", queue, arrays).id == "a-aa-1r1"
     assert _in_queue(st, "sweep[1]", queue, arrays).id == "a-aa-1r1"
     assert _in_queue(st, "sweep[0]", queue, arrays) is None
+
+
+def test_the_first_look_of_a_day_archives_what_no_look_read(tmp_path):
+    from gpuclaim.engine.job_records import archive_daily
+
+    store = new_store(tmp_path)
+    now = time.time()
+    add_job(store, "j-old", user="bob", state="succeeded", ended=now - 3 * 86400)
+    add_job(store, "j-new", user="bob", state="succeeded", ended=now - 60)
+    add_job(store, "j-run", user="bob", state="running")
+    assert archive_daily(store) == 1  # the day's first: every live record read
+    assert _ids(store.list_jobs()) == ["j-new", "j-run"]
+    assert [j.id for j in store.archived_jobs()] == ["j-old"]
+    add_job(store, "j-old2", user="bob", state="failed", ended=now - 2 * 86400)
+    assert archive_daily(store) == 0  # the same day again: nothing read, nothing moved
