@@ -142,9 +142,9 @@ def _zombies_of(parents: list[int]) -> list[int]:
         time.sleep(0.1)
 
 
-def _early_sessions_running(home: Path) -> list[str]:
-    """The ssh clients of a first contact (their command asks for the agent) of a gpuclaim
-    started with ``home`` as GPUCLAIM_HOME (other tests run beside this one)."""
+def _ssh_clients_running(home: Path, word: bytes) -> list[str]:
+    """The ssh clients of a gpuclaim started with ``home`` as GPUCLAIM_HOME whose command
+    line holds ``word``."""
     mark = f"GPUCLAIM_HOME={home}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -153,10 +153,15 @@ def _early_sessions_running(home: Path) -> list[str]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        ours = mark in environ
-        if ours and argv[0].endswith(b"ssh") and any(b"@gpuclaim-look" in a for a in argv):
+        if mark in environ and argv[0].endswith(b"ssh") and any(word in a for a in argv):
             found.append(entry.name)
     return found
+
+
+def _early_sessions_running(home: Path) -> list[str]:
+    """The ssh clients of a first contact (their command asks for the agent) of a gpuclaim
+    started with ``home`` as GPUCLAIM_HOME (other tests run beside this one)."""
+    return _ssh_clients_running(home, b"@gpuclaim-look")
 
 
 def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, make_remote, runtime):
@@ -191,6 +196,64 @@ def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, ma
     assert _early_sessions_running(c.home) == []
     # and the nodes are as reachable as before
     assert {r["state"] for r in c.json("status") if r["node"] != "node02"} == {"free"}
+
+
+def test_a_first_call_spawns_the_last_calls_sessions_and_never_uses_a_wrong_one(
+    testbed, make_remote, runtime
+):
+    """The next first call with the same config spawns the sessions the last one computed
+    before reading the config (remote.early_plan) and adopts them; a kept plan whose
+    command is not the one needed now (another version, a tampered file) is killed unused,
+    and a broken plan file is only a lost head start."""
+    c = make_remote(testbed, ssh_client="openssh")
+    first = c.cli("--debug", "status", "--json")
+    assert first.returncode == 0, first.stderr
+    assert "from the last call's plan" not in first.stderr  # nothing kept yet
+    plans = list((c.home / "early").glob("plan-*"))
+    assert len(plans) == 1
+    _looks_until_warm(c, runtime, 3)
+
+    def cold() -> None:  # as on the next morning: no forwarded socket, no master
+        for forwarded in (runtime / "gpuclaim-cm" / "w").glob("w-*.sock"):
+            forwarded.unlink()
+
+    # after a reboot: no master, no socket directory at all (it is made again first)
+    for master in (runtime / "gpuclaim-cm").iterdir():
+        if master.name != "w":
+            subprocess.run(["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], check=False)
+    shutil.rmtree(runtime / "gpuclaim-cm")
+    again = c.cli("--debug", "status", "--json")
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(again.stdout)) == 12
+    for node in ("node01", "node02", "node03"):
+        assert f"{node}: first contact spawned from the last call's plan" in again.stderr
+        assert f"{node}: the early first contact answers this request" in again.stderr
+    assert "was not needed" not in again.stderr
+    # a plan whose node01 command is another one: spawned, never adopted, killed
+    import marshal
+
+    kept = marshal.loads(plans[0].read_bytes())
+    argv, guards, folders = kept["nodes"]["node01"]
+    kept["nodes"]["node01"] = ([*argv[:-1], "echo not-the-look; sleep 60"], guards, folders)
+    plans[0].write_bytes(marshal.dumps(kept))
+    _looks_until_warm(c, runtime, 3)
+    cold()
+    wrong = c.cli("--debug", "status", "--json")
+    assert wrong.returncode == 0, wrong.stderr
+    assert {r["state"] for r in json.loads(wrong.stdout)} == {"free"}
+    assert "node01: first contact spawned from the last call's plan" not in wrong.stderr
+    assert "node02: first contact spawned from the last call's plan" in wrong.stderr
+    assert "node01: first contact started before the command" in wrong.stderr
+    assert _ssh_clients_running(c.home, b"not-the-look") == []
+    # the plan is the right one again; a torn plan file is no plan
+    assert "not-the-look" not in plans[0].read_bytes().decode("utf-8", "replace")
+    plans[0].write_bytes(plans[0].read_bytes()[:40])
+    _looks_until_warm(c, runtime, 3)
+    cold()
+    torn = c.cli("--debug", "status", "--json")
+    assert torn.returncode == 0, torn.stderr
+    assert "from the last call's plan" not in torn.stderr
+    assert "node01: first contact started before the command" in torn.stderr
 
 
 def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, runtime):

@@ -340,13 +340,20 @@ def _first_contacts(args: list[str]) -> None:
     rest = args[i + 1 :]
     if args[i] not in _LOOKS_AT_NODES or "-h" in rest or "--help" in rest:
         return
+    named = _named_nodes(rest)
     try:
         from pathlib import Path
+
+        from gpuclaim.core.paths import config_path
+        from gpuclaim.remote.early_plan import spawn_predicted
+
+        # the sessions the last call with this config started, before the config is read
+        spawn_predicted(str(Path(config) if config else config_path()), named or None)
 
         from gpuclaim.app.configfile import load_config
 
         loaded = load_config(Path(config) if config else None, hand_over=True)
-        names = _named_nodes(rest) or [n.name for n in loaded.nodes]
+        names = named or [n.name for n in loaded.nodes]
         if not any(n.transport == "ssh" and n.name in names for n in loaded.nodes):
             return  # only SSH nodes get one: spare a local cluster remote's imports (~10 ms)
         from gpuclaim.remote.early import start_first_contacts

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from gpuclaim.core.config import Config
 from gpuclaim.core.lazylog import get_logger
+from gpuclaim.remote import early_plan
 from gpuclaim.remote.openssh import OpenSshPool, register_early, take_all_early
 from gpuclaim.remote.session import ssh_client_of
 from gpuclaim.remote.ssh import config_for_ssh_binary
@@ -49,13 +50,13 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
     # before the first: a spawn failing halfway (out of file descriptors) leaves the ones
     # started to be closed at exit all the same
     atexit.register(_close_unadopted)
+    planned: list[tuple[str, list[str], list[str], list[str]]] = []
+    folders = [str(pool.control_dir)]
     for name in dict.fromkeys(names):
         node = next((n for n in config.nodes if n.name == name), None)
         if node is None or node.transport != "ssh" or node.host in hosts:
             continue
         hosts.add(node.host)
-        if not warm.wants_first_contact(node.host):
-            continue
         # The look the command's fan-out will ask for (engine.cluster): the same command
         request = probe_request(
             node.name,
@@ -65,19 +66,28 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
             limits.gpu_read_max_age_s,
         )
         command = look_command(version, limits.agent_idle_s, request)
-        register_early(
-            node.host,
-            command,
-            subprocess.Popen(
-                [*pool.base, "--", node.host, command],
+        argv = [*pool.base, "--", node.host, command]
+        planned.append((node.name, argv, warm.first_contact_guards(node.host), folders))
+        if not warm.wants_first_contact(node.host):
+            continue
+        # spawned already from the last call's plan (remote.early_plan), or now
+        proc = early_plan.take(node.name, argv)
+        if proc is not None:
+            log.debug("%s: first contact spawned from the last call's plan", node.host)
+        else:
+            proc = subprocess.Popen(
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
-            ),
-        )
+            )
+        register_early(node.host, command, proc)
         log.debug("%s: first contact started before the command", node.host)
         started += 1
+    early_plan.discard_rest()  # predicted, but not the command needed now
+    if config.path is not None:
+        early_plan.save(str(config.path), planned)
     return started
 
 

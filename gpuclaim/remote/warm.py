@@ -119,6 +119,11 @@ class WarmAgents:
         path is on, and no forwarded socket is there (``remote.early`` starts those)."""
         return self._off_reason(alias) is None and not self.local_socket(alias).exists()
 
+    def first_contact_guards(self, alias: str) -> list[str]:
+        """Paths whose presence says a call to ``alias`` may not want a first contact (its
+        forwarded socket, its off mark): a kept plan (``remote.early_plan``) spawns none then."""
+        return [str(self.local_socket(alias)), str(self._off_file(alias))]
+
     def _off_reason(self, alias: str) -> Optional[str]:
         path = self._off_file(alias)
         try:
