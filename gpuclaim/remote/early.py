@@ -17,7 +17,6 @@ its master stays, for the next call.
 from __future__ import annotations
 
 import atexit
-import subprocess
 from collections.abc import Iterable
 
 from gpuclaim.core.config import Config
@@ -75,13 +74,7 @@ def start_first_contacts(config: Config, names: Iterable[str]) -> int:
         if proc is not None:
             log.debug("%s: first contact spawned from the last call's plan", node.host)
         else:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                bufsize=0,
-            )
+            proc = early_plan.spawn(argv)
         register_early(node.host, command, proc)
         log.debug("%s: first contact started before the command", node.host)
         started += 1

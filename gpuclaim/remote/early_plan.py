@@ -84,7 +84,7 @@ def spawn_predicted(config_path: str, names: Optional[Sequence[str]]) -> int:
                 private_dir(Path(folder), "ssh sockets")
             if not started:
                 atexit.register(discard_rest)
-            _SPAWNED[name] = (argv, _popen(argv))
+            _SPAWNED[name] = (argv, spawn(argv))
             started += 1
         return started
     except (OSError, ValueError, TypeError, GpuclaimError):  # a head start only
@@ -98,8 +98,9 @@ def _valid(argv: object, *paths: object) -> bool:
     return strings(argv) and bool(argv) and all(strings(p) for p in paths)
 
 
-def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
-    # the same pipes as remote.early's own sessions: the fan-out adopts either the same way
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    """One first-contact session, with the pipes the fan-out adopts (``remote.early`` starts
+    the ones no plan predicted with it too)."""
     return subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
