@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testbed_fixtures import looks_until_warm
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -223,13 +224,18 @@ def test_node_sshd_killed_mid_run(testbed, make_remote):
     assert all(r["state"] == "free" for r in c.status())
 
 
-def test_a_launch_whose_answer_was_lost_never_runs_on_gpus_nobody_holds(testbed, make_remote):
+def test_a_launch_whose_answer_was_lost_never_runs_on_gpus_nobody_holds(
+    testbed, make_remote, runtime
+):
     """sshd dies between the claim and the launch's answer: the launch reached the node, and
     the node's warm agent carries it on (the wrapper starts late). `run` says the answer was
     lost (exit 4, one line) and keeps the job `starting` with its claim: the wrapper, once it
     beats, runs it on GPUs that are held; the job is never said failed while it runs."""
     c = make_remote(testbed, nodes=["node01"], kill_grace="2s", heartbeat="1s")
-    c.ok("status")
+    # The launch must go through the warm agent: the first look installs it behind it, and
+    # under CI load it came up after `run` had launched over plain ssh (whose session the
+    # sshd kill takes with it: "ssh failed", the plain path's honest answer, CI stop 55).
+    looks_until_warm(c, runtime, 1)
     shim = testbed.dir / "bin" / "tmux"  # the nodes' PATH: a tmux whose new-session is slow
     shim.write_text(
         f'#!/bin/sh\ncase "$*" in *new-session*) sleep 3;; esac\nexec {shutil.which("tmux")} "$@"\n'

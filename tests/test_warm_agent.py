@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed_fixtures import looks_until_warm
 
 from gpuclaim.node.server import host_key
 
@@ -40,17 +41,6 @@ def _agents(testbed: Any) -> list[tuple[int, str]]:
     return found
 
 
-def _looks_until_warm(c: Any, runtime: Path, nodes: int, timeout: float = 30.0) -> None:
-    """Look until every node answers through its warm agent: the first look of the day is
-    sh's (remote.shell_look), which installs or starts the agent behind it; a later look
-    finds it up and forwards to it."""
-    deadline = time.monotonic() + timeout
-    while len(list((runtime / "gpuclaim-cm" / "w").glob("w-*.sock"))) < nodes:
-        assert time.monotonic() < deadline, "the warm agents never came up"
-        assert {r["state"] for r in c.json("status")} <= {"free", "claimed"}
-        time.sleep(0.1)
-
-
 def _wait_for_agents(testbed: Any, count: int, timeout: float = 20.0) -> list[tuple[int, str]]:
     deadline = time.monotonic() + timeout
     while len(_agents(testbed)) < count:
@@ -67,7 +57,7 @@ def test_status_goes_through_the_warm_agent_and_is_the_same(testbed, make_remote
     for node in ("node01", "node02", "node03"):  # no Python started for the first look
         assert f"{node}: looked with sh (warm agent: missing)" in cold.stderr
     _wait_for_agents(testbed, 3)  # installed behind it, after the command
-    _looks_until_warm(c, runtime, 3)
+    looks_until_warm(c, runtime, 3)
     agents = _agents(testbed)
     assert len(agents) == 3, agents
     warm = c.json("status")
@@ -178,7 +168,7 @@ def test_a_first_call_opens_its_ssh_sessions_before_the_command_runs(testbed, ma
     assert "was not needed" not in first.stderr
     masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
     assert len(masters) == 3  # one connection per node, as without the head start
-    _looks_until_warm(c, runtime, 3)
+    looks_until_warm(c, runtime, 3)
     warm = c.cli("--debug", "status", "--json")
     assert warm.returncode == 0 and "first contact" not in warm.stderr, warm.stderr
     # --node: only that node gets one (the others' warm sockets gone: they would too)
@@ -211,7 +201,7 @@ def test_a_first_call_spawns_the_last_calls_sessions_and_never_uses_a_wrong_one(
     assert "from the last call's plan" not in first.stderr  # nothing kept yet
     plans = list((c.home / "early").glob("plan-*"))
     assert len(plans) == 1
-    _looks_until_warm(c, runtime, 3)
+    looks_until_warm(c, runtime, 3)
 
     def cold() -> None:  # as on the next morning: no forwarded socket, no master
         for forwarded in (runtime / "gpuclaim-cm" / "w").glob("w-*.sock"):
@@ -236,7 +226,7 @@ def test_a_first_call_spawns_the_last_calls_sessions_and_never_uses_a_wrong_one(
     argv, guards, folders = kept["nodes"]["node01"]
     kept["nodes"]["node01"] = ([*argv[:-1], "echo not-the-look; sleep 60"], guards, folders)
     plans[0].write_bytes(marshal.dumps(kept))
-    _looks_until_warm(c, runtime, 3)
+    looks_until_warm(c, runtime, 3)
     cold()
     wrong = c.cli("--debug", "status", "--json")
     assert wrong.returncode == 0, wrong.stderr
@@ -248,7 +238,7 @@ def test_a_first_call_spawns_the_last_calls_sessions_and_never_uses_a_wrong_one(
     # the plan is the right one again; a torn plan file is no plan
     assert "not-the-look" not in plans[0].read_bytes().decode("utf-8", "replace")
     plans[0].write_bytes(plans[0].read_bytes()[:40])
-    _looks_until_warm(c, runtime, 3)
+    looks_until_warm(c, runtime, 3)
     cold()
     torn = c.cli("--debug", "status", "--json")
     assert torn.returncode == 0, torn.stderr
@@ -258,7 +248,7 @@ def test_a_first_call_spawns_the_last_calls_sessions_and_never_uses_a_wrong_one(
 
 def test_a_killed_master_and_a_stale_socket_are_replaced(testbed, make_remote, runtime):
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
-    _looks_until_warm(c, runtime, 1)
+    looks_until_warm(c, runtime, 1)
     masters = [p for p in (runtime / "gpuclaim-cm").iterdir() if p.name != "w"]
     assert len(masters) == 1
     subprocess.run(["ssh", "-o", f"ControlPath={masters[0]}", "-O", "exit", "x"], check=False)
@@ -273,7 +263,7 @@ def test_an_agent_gone_while_its_master_lives_comes_back_warm(testbed, make_remo
     """The warm agent exits (idle, killed) but the master still holds the forwarding: the
     next look restarts it and forwards again, and the node does not drop to the slow path."""
     c = make_remote(testbed, nodes=["node01"], ssh_client="openssh")
-    _looks_until_warm(c, runtime, 1)
+    looks_until_warm(c, runtime, 1)
     (before,) = _agents(testbed)
     os.kill(before[0], 9)
     _wait_gone(before[0])

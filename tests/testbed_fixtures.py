@@ -12,9 +12,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import pytest
 from testbed import MissingTool, Testbed
@@ -122,3 +123,14 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                 ["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True
             )
     shutil.rmtree(d, ignore_errors=True)
+
+
+def looks_until_warm(c: Any, runtime: Path, nodes: int, timeout: float = 30.0) -> None:
+    """Look until every node answers through its warm agent: the first look of the day is
+    sh's (remote.shell_look), which installs or starts the agent behind it; a later look
+    finds it up and forwards to it."""
+    deadline = time.monotonic() + timeout
+    while len(list((runtime / "gpuclaim-cm" / "w").glob("w-*.sock"))) < nodes:
+        assert time.monotonic() < deadline, "the warm agents never came up"
+        assert {r["state"] for r in c.json("status")} <= {"free", "claimed"}
+        time.sleep(0.1)
