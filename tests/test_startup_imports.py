@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed_fixtures import looks_until_warm
+
 PROBE = (
     "import sys\n"
     "from gpuclaim.entry.main import main\n"
@@ -43,3 +45,50 @@ def test_a_run_that_starts_at_once_imports_no_queue_pass_nor_gitignore_parser(
     modules = _modules(cluster, "run", "--", "true")
     assert "gpuclaim.engine.launch" in modules  # it did start a job
     assert not modules & {"gpuclaim.engine.dispatch", "pathspec"}
+
+
+def test_a_first_remote_look_and_a_warm_one_pay_for_no_logging_hashing_or_archives(
+    testbed: Any, make_remote: Any, runtime: Any
+) -> None:
+    """What the issue's itemised first call named, gone from a look over SSH: ``logging``
+    (only ``--debug`` shows gpuclaim's messages), ``hashlib`` (OpenSSL), ``uuid`` (claim ids
+    and nonces); and what only some looks need: ``socket`` (a warm agent to ask), ``csv``
+    (CSV answers), ``shutil``'s archive modules (``which`` is all a look wanted)."""
+    c = make_remote(testbed, nodes=["node01", "node02"])
+    first = _modules(c, "status", "--json")
+    assert "gpuclaim.remote.shell_look" in first  # the first contact's way: sh over SSH
+    assert not first & {"logging", "hashlib", "_hashlib", "uuid", "socket", "csv"}, sorted(
+        first & {"logging", "hashlib", "_hashlib", "uuid", "socket", "csv"}
+    )
+    looks_until_warm(c, runtime, 2)
+    warm = _modules(c, "status", "--json")
+    assert "socket" in warm  # it asked the warm agents
+    unused = {"logging", "hashlib", "_hashlib", "uuid", "shutil", "bz2", "lzma", "csv"}
+    assert not warm & unused, sorted(warm & unused)
+
+
+def test_the_dataclasses_code_is_compiled_by_the_first_call_only(cluster: Any) -> None:
+    """Python 3.9-3.12: the first call keeps the code ``@dataclass`` compiled; the next ones
+    use it and write nothing; a torn file costs one compile, never a failed call."""
+    import dataclasses
+    import sys
+
+    if not hasattr(dataclasses, "_create_fn"):  # 3.13+ compiles a class at once: no file
+        cluster.ok("status")
+        assert not (cluster.home / "cache").exists()
+        return
+    cluster.ok("status")
+    (kept,) = (cluster.home / "cache").glob("dataclass-code-*.marshal")
+    assert sys.implementation.cache_tag in kept.name
+    before = kept.stat().st_mtime_ns, kept.stat().st_ino
+    cluster.ok("status")
+    assert (kept.stat().st_mtime_ns, kept.stat().st_ino) == before  # nothing new to keep
+    cluster.ok("jobs")  # typer's commands make more classes (rich's too): kept besides
+    grown = kept.stat().st_mtime_ns, kept.stat().st_ino
+    cluster.ok("jobs")
+    cluster.ok("status")
+    assert (kept.stat().st_mtime_ns, kept.stat().st_ino) == grown
+    kept.write_bytes(b"\x00torn")
+    rows = cluster.status()
+    assert len(rows) == 6 and {r["state"] for r in rows} == {"free"}
+    assert kept.stat().st_size > 1000  # written whole again

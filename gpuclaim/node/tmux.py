@@ -6,17 +6,17 @@ session it is a prefix of."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
 from gpuclaim.core.errors import GpuclaimError
+from gpuclaim.core.paths import which
 
 
 def tmux_binary() -> str:
-    path = shutil.which("tmux")
+    path = which("tmux")
     if path is None:
         raise GpuclaimError("tmux is not installed on this node (apt-get install tmux)")
     return path
@@ -63,7 +63,7 @@ SERVER_GONE = "server exited unexpectedly"
 
 def pane_pids(session: str) -> Optional[list[int]]:
     """The processes of the session's panes; None when there is no such session (or no tmux)."""
-    tmux = shutil.which("tmux")
+    tmux = which("tmux")
     if tmux is None:
         return None
     panes = subprocess.run(
@@ -78,7 +78,7 @@ def pane_pids(session: str) -> Optional[list[int]]:
 
 
 def kill_session(session: str) -> None:
-    tmux = shutil.which("tmux")
+    tmux = which("tmux")
     if tmux is not None:
         subprocess.run([tmux, "kill-session", "-t", f"={session}"], capture_output=True, timeout=10)
 

@@ -135,9 +135,9 @@ def agent_version() -> str:
 
 
 def _hashed_version() -> str:
-    import hashlib  # here: a first call that finds its memo never loads OpenSSL's
+    from gpuclaim.core.digests import sha256
 
-    digest = hashlib.sha256()
+    digest = sha256()
     for name, data in _bundle_files():
         digest.update(name.encode() + b"\0" + data + b"\0")
     return f"{__version__}-{digest.hexdigest()[:12]}"
@@ -224,9 +224,9 @@ def install_input(request: bytes) -> Path:
         # named by all it holds: the installer is not in the bundle's version (a checkout
         # whose remote/install.py changed would go on sending the old one)
         data = request.rstrip(b"\n") + b"\n" + install.install_stdin(blob)
-        import hashlib
+        from gpuclaim.core.digests import sha1_hex
 
-        digest = hashlib.sha1(data).hexdigest()[:12]
+        digest = sha1_hex(data)[:12]
         path = data_dir() / "bundles" / f"agent-{version}.{bytecode_tag()}.{digest}.install"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,12 +7,12 @@ with one pool of connections per process (opened on first use)."""
 from __future__ import annotations
 
 import shlex
-import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuclaim.core.config import Config, NodeConfig
+from gpuclaim.core.paths import which
 from gpuclaim.node.channel import LocalChannel
 from gpuclaim.node.tmux import attach_argv
 from gpuclaim.remote.agent_client import AgentClient
@@ -103,7 +103,7 @@ def attach_command(config: Config, node_name: str, session: str) -> list[str]:
     tmux = attach_argv(session)
     if node.transport == "local":
         return tmux
-    argv = [shutil.which("ssh") or "ssh", "-t"]
+    argv = [which("ssh") or "ssh", "-t"]
     config_file = config_for_ssh_binary(config.ssh_config_path)
     if config_file is not None:
         argv += ["-F", str(config_file)]

@@ -12,7 +12,6 @@ import contextlib
 import os
 import selectors
 import shlex
-import shutil
 import subprocess
 import threading
 import time
@@ -22,7 +21,7 @@ from typing import IO, Optional
 
 from gpuclaim.core.errors import UnreachableError
 from gpuclaim.core.lazylog import get_logger
-from gpuclaim.core.paths import socket_dir
+from gpuclaim.core.paths import socket_dir, which
 from gpuclaim.remote.ssh import CommandResult
 from gpuclaim.remote.ssh_messages import describe_ssh_failure
 
@@ -51,7 +50,7 @@ class OpenSshPool:
     """Same interface as ``SshPool``: ``run(alias, command, stdin, timeout)``."""
 
     def __init__(self, ssh_config_path: Optional[Path] = None, connect_timeout: float = 5.0):
-        binary = shutil.which("ssh")
+        binary = which("ssh")
         if binary is None:
             raise UnreachableError('ssh_client = "openssh" needs the ssh binary (openssh-client)')
         self.control_dir = control_dir()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-
 from gpuclaim.core.config import Config
+from gpuclaim.core.paths import which
 from gpuclaim.remote.agent_client import AgentClient
 from gpuclaim.remote.ssh import SshPool, config_for_ssh_binary
 
@@ -13,7 +12,7 @@ def ssh_client_of(config: Config) -> str:
     """The client a config means: "auto" is the ssh binary where there is one (it honours
     every ssh config feature and keeps masters and warm agents), else fabric."""
     if config.ssh_client == "auto":
-        return "openssh" if shutil.which("ssh") else "fabric"
+        return "openssh" if which("ssh") else "fabric"
     return config.ssh_client
 
 

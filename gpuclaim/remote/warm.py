@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import json
-import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from gpuclaim.core.digests import sha1_hex
 from gpuclaim.core.errors import AnswerLostError, UnreachableError
 from gpuclaim.core.lazylog import get_logger
 from gpuclaim.core.paths import private_dir
@@ -99,7 +98,7 @@ class WarmAgents:
     def _key(self, alias: str) -> str:
         # the ssh config too: one alias may name other hosts in two configs, as ssh's %C knows
         where = str(self.pool.ssh_config_path or "")
-        return hashlib.sha1(f"{alias}\0{where}".encode()).hexdigest()[:12]
+        return sha1_hex(f"{alias}\0{where}".encode())[:12]
 
     def local_socket(self, alias: str) -> Path:
         return self._dir / f"w-{self._key(alias)}-{self.version[-12:]}.sock"
@@ -228,6 +227,10 @@ class WarmAgents:
             self._turn_off(alias, why)
 
     def _ask(self, alias: str, local: Path, request: dict[str, Any], timeout: float) -> Any:
+        if not local.exists():  # a first call: no agent to ask yet, and no socket import
+            raise _NotSent(f"no forwarded socket {local}")
+        import socket
+
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # The greeting is the node's "I am here": it comes within a round trip, however

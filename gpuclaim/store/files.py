@@ -8,7 +8,6 @@ import errno
 import functools
 import json
 import os
-import uuid as uuidlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -109,7 +108,7 @@ def _safe(name: str) -> str:
 
 
 def new_claim_id() -> str:
-    return "c-" + uuidlib.uuid4().hex[:10]
+    return "c-" + os.urandom(5).hex()  # as random as uuid4's first 10 hex digits, no uuid import
 
 
 def _link_exclusive(src: Path, dst: Path) -> bool:
@@ -161,7 +160,7 @@ def _encode(data: Mapping[str, Any]) -> bytes:
 
 
 def _nonce() -> str:
-    return uuidlib.uuid4().hex[:12]
+    return os.urandom(6).hex()
 
 
 def _mkdir_shared(path: Path) -> None:

@@ -13,7 +13,6 @@ Node-side code: standard library only, Python 3.9. Pure functions: callers run t
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 
 from gpuclaim.core.inventory import Gpu, GpuProcess
 from gpuclaim.node.probe.smi_parse import _LIST_GPU, _LIST_MIG, _mib, _na
@@ -60,6 +59,8 @@ def slices_from_xml(
     """``gpus`` (as :func:`parse_query_xml` read them from ``xml_text``) with each GPU in
     MIG mode replaced by its slices: memory from its ``mig_device``, processes by their GPU
     instance, UUID and profile from ``listed``. ValueError for numbers that do not parse."""
+    import xml.etree.ElementTree as ET  # here: only a MIG GPU's look reads XML
+
     root = ET.fromstring(xml_text)
     out: list[Gpu] = []
     for gpu, el in zip(gpus, root.findall("gpu")):

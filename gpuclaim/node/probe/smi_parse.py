@@ -23,13 +23,14 @@ Callers must treat such a GPU as unusable for claims: claims are keyed by UUID.
 
 from __future__ import annotations
 
-import csv
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpuclaim.core.inventory import Gpu, GpuProcess
+
+if TYPE_CHECKING:  # the XML parser is imported by what reads XML: a look reads CSV
+    import xml.etree.ElementTree as ET
 
 GPU_QUERY_FIELDS = (
     "index",
@@ -181,6 +182,8 @@ def parse_query_xml(text: str, node: str) -> tuple[list[Gpu], Optional[str]]:
     position in the file (nvidia-smi lists GPUs in PCI bus order).  MIG instances
     are recorded as their UUID when the XML has one, else as ``"GI <gi>/CI <ci>"``.
     """
+    import xml.etree.ElementTree as ET
+
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
@@ -261,6 +264,8 @@ def _read_table(
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return []
+    import csv  # here: the first look reads XML (remote.shell_look), only a CSV reader needs it
+
     reader = csv.reader(lines, skipinitialspace=True, quoting=csv.QUOTE_NONE)
     try:
         table = [[cell.strip() for cell in row] for row in reader]
