@@ -43,21 +43,25 @@ def quiet_libraries_logging() -> None:
     logging = sys.modules.get("logging")
     if logging is not None:
         logging.getLogger().addHandler(logging.NullHandler())
-    elif not any(isinstance(f, _QuietWhenImported) for f in sys.meta_path):
+    elif not any(isinstance(f, _QuietWhenImported) and not f.used for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietWhenImported())
 
 
 class _QuietWhenImported:
     """A meta path finder for ``logging`` alone: it finds it as the others would, and adds the
     root's ``NullHandler`` once the module has run (the pattern of setuptools' own
-    ``_distutils_hack``). It steps out of ``sys.meta_path`` at the first lookup."""
+    ``_distutils_hack``). After that first lookup it finds nothing: it stays in
+    ``sys.meta_path``, since another thread's import may be walking that list."""
+
+    def __init__(self) -> None:
+        self.used = False
 
     def find_spec(self, name: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
-        if name != "logging":
+        if name != "logging" or self.used:
             return None
         import importlib.util
 
-        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        self.used = True  # before the lookup below, which asks this finder again
         spec = importlib.util.find_spec(name)
         loader = getattr(spec, "loader", None)
         run_module = getattr(loader, "exec_module", None)
