@@ -221,16 +221,21 @@ def run() -> NoReturn:
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
         sys.exit(code)
+    _flush_output()  # the answer reaches a pipe now, not after the exit handlers' work
     try:
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # e.g. the agents' installs a first call leaves behind it
     except BaseException:  # Python 3.9 raises the last handler's error again (after printing it)
         pass
+    _flush_output()
+    os._exit(code)
+
+
+def _flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a reader that left, a closed stream: nothing to keep
             pass
-    os._exit(code)
 
 
 def _main(argv: Optional[list[str]]) -> int:

@@ -44,19 +44,27 @@ OFF_FOR_S = 600.0  # after a node's warm path failed: the one-shot agent for thi
 # Agents to install in the background, and being installed, by alias (one at a time per
 # node per process); a look's fan-out is done long before INSTALL_AFTER_S.
 INSTALL_AFTER_S = 3.0
-_PENDING: dict[str, tuple[OpenSshPool, str, Path]] = {}
+_PENDING: dict[str, tuple[OpenSshPool, str, bytes]] = {}
 _INSTALLING: dict[str, subprocess.Popen[bytes]] = {}
 _INSTALLS_GUARD = threading.Lock()
+_INSTALL_REQUEST = json.dumps({"op": "ping"}).encode()  # what the installed agent answers
 
 
 def _start_installs() -> None:
     with _INSTALLS_GUARD:
         # one spawn per (pool, command, input): in practice one for all the nodes
-        groups: dict[tuple[OpenSshPool, str, Path], list[str]] = {}
+        groups: dict[tuple[OpenSshPool, str, bytes], list[str]] = {}
         for alias, job in _PENDING.items():
             groups.setdefault(job, []).append(alias)
         _PENDING.clear()
-        for (pool, command, stdin), aliases in groups.items():
+        for (pool, command, request), aliases in groups.items():
+            try:
+                # here, not in the look: a new version's first call builds its bundle
+                # (~0.3 s) after the command said what it had to say
+                stdin = bundle.install_input(request)
+            except OSError as exc:  # a read-only home: the next request's agent installs it
+                log.debug("no background install on %s (%s)", ", ".join(aliases), exc)
+                continue
             with contextlib.suppress(OSError):
                 started = pool.start_detached(aliases, command, stdin)
                 _INSTALLING.update(dict.fromkeys(aliases, started))
@@ -194,11 +202,6 @@ class WarmAgents:
         """Send this version's agent to ``alias`` and start it, once this command has said
         what it has to say (``_start_installs``: at exit, or a few seconds on in a process
         that lives on, such as the board), and beyond it: the next look finds it warm."""
-        try:
-            stdin = bundle.install_input(json.dumps({"op": "ping"}).encode())
-        except OSError as exc:  # a read-only home: the next request's agent installs it
-            log.debug("%s: no background install (%s)", alias, exc)
-            return
         arguments = first_contact_arguments(self.version, self.idle_s)
         command = install.install_command(self.version, bundle.bytecode_tag(), arguments)
         with _INSTALLS_GUARD:
@@ -210,7 +213,7 @@ class WarmAgents:
                 timer = threading.Timer(INSTALL_AFTER_S, _start_installs)
                 timer.daemon = True
                 timer.start()
-            _PENDING[alias] = (self.pool, command, stdin)
+            _PENDING[alias] = (self.pool, command, _INSTALL_REQUEST)
 
     def _forward_checked(self, alias: str, remote: str, timeout: float, check: bool) -> None:
         """Forward the local socket to the agent's ``remote`` one; with ``check``, ask it once
