@@ -171,17 +171,24 @@ def bench_n(
                 subprocess.run(["ssh", "-F", str(cfg), node, remove], capture_output=True)
             shutil.rmtree(cm / "gpuclaim-cm", ignore_errors=True)
 
-        # pdsh and the first call take turns, so that a noisy machine's drift falls on both
+        # pdsh, the floor and the first call take turns, so that a noisy machine's drift
+        # falls on all three; each starts right after the same clean-up (its ssh sessions'
+        # and killed agents' ends still running on the nodes' sshd share these cores)
         samples, pdsh_samples, floor_samples = [], [], []
         for _ in range(repeat):
             if pdsh_once is not None:
+                first_of_the_day()
+                _quiet()
                 t0 = time.perf_counter()
                 pdsh_once()
                 pdsh_samples.append(time.perf_counter() - t0)
+            first_of_the_day()
+            _quiet()
             t0 = time.perf_counter()
             run(floor, env, 4 * n)
             floor_samples.append(time.perf_counter() - t0)
             first_of_the_day()
+            _quiet()
             t0 = time.perf_counter()
             run(gpuclaim, oenv, 4 * n)
             samples.append(time.perf_counter() - t0)
@@ -214,6 +221,18 @@ def bench_n(
         return results
     finally:
         tb.down()
+
+
+def _quiet(window: float = 0.1, busy: float = 0.1, timeout: float = 3.0) -> None:
+    """Until the machine's CPU was under ``busy`` of one core for ``window`` seconds: what
+    the clean-up left running (sshd sessions ending, agents exiting) is not on the next
+    sample's cores, for any of the tools."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        used = machine_cpu()
+        time.sleep(window)
+        if machine_cpu() - used < busy * window:
+            return
 
 
 def _wait_for_installs(timeout: float = 60.0) -> None:
